@@ -1,0 +1,53 @@
+# SPDX-License-Identifier: GPL-2.0
+#
+# lguest-rs. The module itself is described in Kbuild; this Makefile drives
+# the whole loop (see README.md and Documentation/dev/testing.rst):
+#
+#   make run      boot the QEMU host, load lguest.ko and run the demo
+#   make test     build everything and run the whole suite (T=, CPUS=, FLAVOUR=)
+#   make shell    boot the QEMU host with lguest.ko loaded and give a shell
+#   make gdb      the same, stopped at the first instruction, gdb stub on :1234
+#   make debug-test   the suite on the debug kernel (KASAN, lockdep, kmemleak)
+#   make setup / kernel / build   the individual steps
+#   make check    rustfmt and clippy on the userspace crates
+
+SHELL := /bin/bash
+S := scripts
+
+.PHONY: all setup kernel build test run shell gdb debug-test check clean
+
+all: build
+
+setup:
+	bash $(S)/setup.sh
+
+kernel: setup
+	bash $(S)/kernel.sh
+
+build:
+	bash $(S)/build.sh
+
+test:
+	bash $(S)/test.sh
+
+debug-test:
+	FLAVOUR=debug bash $(S)/test.sh
+
+run: build
+	@echo "[run] booting the QEMU host; Ctrl-A X leaves QEMU"
+	bash $(S)/qemu.sh run "$${CPU:-max}"
+
+shell: build
+	@echo "[shell] booting the QEMU host; 'poweroff -f' or Ctrl-A X leaves"
+	bash $(S)/qemu.sh shell "$${CPU:-max}"
+
+gdb: build
+	GDB=1 bash $(S)/qemu.sh shell "$${CPU:-max}"
+
+check:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+clean:
+	cargo clean
+	rm -rf "$${LGUEST_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/lguest}/out"

@@ -1,0 +1,56 @@
+#!/bin/bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# Builds everything that goes into the QEMU host and packs the initramfs:
+#   the host kernel (cached; see kernel.sh), lguest.ko (warnings are errors),
+#   the launcher and the selftests (static binaries), the initramfs.
+# Prints the path of the run directory (bzImage + initramfs) on stdout.
+set -euo pipefail
+. "$(dirname "$0")/env.sh"
+
+say()  { printf '[build] %s\n' "$*" >&2; }
+fail() { printf '[build] ERROR: %s\n' "$*" >&2; exit 1; }
+
+bash "$REPO/scripts/setup.sh" >&2
+KOBJ=$(bash "$REPO/scripts/kernel.sh")
+OUT="$CACHE/out/$FLAVOUR"
+MOD="$OUT/module"
+mkdir -p "$MOD"
+
+say "lguest.ko"
+# MO= keeps Kbuild's output out of the source tree.
+if ! "${KMAKE[@]}" -C "$KSRC" O="$KOBJ" M="$REPO" MO="$MOD" -j"$(nproc)" modules >"$OUT/module-build.log" 2>&1; then
+	cat "$OUT/module-build.log" >&2
+	fail "module build failed"
+fi
+if grep -E 'warning:|warning\[' "$OUT/module-build.log" >&2; then
+	fail "the module must build without warnings (log: $OUT/module-build.log)"
+fi
+
+say "launcher and selftests (static)"
+TARGET=x86_64-unknown-linux-gnu
+( cd "$REPO" && CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static" \
+	cargo build --quiet --release --target $TARGET -p lguest-launcher -p lguest-selftests ) >&2 \
+	|| fail "cargo build failed"
+BIN="$REPO/target/$TARGET/release"
+
+say "initramfs"
+ROOT="$OUT/rootfs"
+rm -rf "$ROOT"
+mkdir -p "$ROOT"/{bin,sbin,usr/bin,usr/share/lguest,lib/modules,selftests/lguest,etc}
+cp /bin/busybox "$ROOT/bin/busybox"
+cp "$REPO/harness/init" "$ROOT/init"
+cp "$REPO/harness/demo.sh" "$ROOT/usr/share/lguest/demo.sh"
+cp "$MOD/lguest.ko" "$ROOT/lib/modules/lguest.ko"
+cp "$BIN/lguest" "$ROOT/usr/bin/lguest"
+cp "$REPO/selftests/run_tests.sh" "$REPO/selftests/settings" "$REPO/selftests/tests.list" "$ROOT/selftests/lguest/"
+while read -r prog; do
+	[ -n "$prog" ] || continue
+	cp "$BIN/$prog" "$ROOT/selftests/lguest/$prog" || fail "test program $prog was not built"
+done <"$REPO/selftests/tests.list"
+echo "root:x:0:0:root:/:/bin/sh" >"$ROOT/etc/passwd"
+echo "nobody:x:65534:65534:nobody:/:/bin/false" >>"$ROOT/etc/passwd"
+( cd "$ROOT" && find . | cpio -o -H newc --quiet | gzip -1 ) >"$OUT/initramfs.gz"
+cp "$KOBJ/arch/x86/boot/bzImage" "$OUT/bzImage"
+ln -sfn "$KOBJ" "$OUT/kernel-tree"
+echo "$OUT"

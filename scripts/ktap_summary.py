@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: GPL-2.0
+"""Reads the QEMU console logs of a test run and prints the verdict.
+
+For each log (one per CPU model) it collects the KTAP results of every test
+case and every test program, checks that the harness reached its end, and
+scans the whole log for kernel reports (oops, BUG, WARNING, KASAN, lockdep,
+kmemleak, panic). Each distinct report counts as one failure. The last line
+is "N passed, M failed[, K skipped]"; the exit status is 1 on any failure.
+
+usage: ktap_summary.py [--cargo PASSED:FAILED] LABEL=LOG...
+"""
+import re
+import sys
+
+LEAF = re.compile(r"^# (not ok|ok) \d+ (\S+)(.*)$")
+PROG = re.compile(r"^(not ok|ok) \d+ selftests: lguest: (\S+)(.*)$")
+REPORTS = [
+    re.compile(p) for p in (
+        r"Oops", r"\bBUG[: ]", r"WARNING:", r"KASAN", r"UBSAN",
+        r"possible circular locking", r"possible recursive locking",
+        r"inconsistent lock state", r"suspicious RCU usage",
+        r"lockdep", r"unreferenced object", r"Kernel panic",
+        r"general protection fault", r"Call Trace:", r"kernel BUG",
+        r"sleeping function called from invalid context",
+        r"list_(add|del) corruption", r"stack-protector", r"double fault",
+    )
+]
+STAMP = re.compile(r"^\[\s*\d+\.\d+\]\s*")
+
+
+def scan(label, path):
+    passed = failed = skipped = 0
+    messages = []
+    try:
+        text = open(path, errors="replace").read()
+    except OSError as e:
+        return 0, 1, 0, [f"{label}: cannot read {path}: {e}"]
+    lines = [l.rstrip("\r") for l in text.splitlines()]
+    progs = {}
+    leaf_fail_in = set()
+    current = None
+    for line in lines:
+        m = re.match(r"^# selftests: lguest: (\S+)", line)
+        if m:
+            current = m.group(1)
+        m = LEAF.match(line)
+        if m and not line.startswith("# Totals"):
+            status, name, rest = m.groups()
+            if "# SKIP" in rest:
+                skipped += 1
+            elif status == "ok":
+                passed += 1
+            else:
+                failed += 1
+                leaf_fail_in.add(current)
+                messages.append(f"{label}: FAIL {current}:{name}")
+            continue
+        m = PROG.match(line)
+        if m:
+            status, prog, rest = m.groups()
+            progs[prog] = (status, rest)
+            if status == "not ok" and prog not in leaf_fail_in:
+                # The program died, timed out or failed outside a test case.
+                failed += 1
+                messages.append(f"{label}: FAIL program {prog}{rest}")
+    if not any(l.startswith("lguest-harness: done") for l in lines):
+        failed += 1
+        messages.append(f"{label}: the host did not reach the end of the run (crash, hang or watchdog)")
+    if not progs:
+        failed += 1
+        messages.append(f"{label}: no test program reported a result")
+    seen = set()
+    for line in lines:
+        if line.startswith("# "):
+            continue  # test programs' own output
+        for r in REPORTS:
+            if r.search(line):
+                key = STAMP.sub("", line)
+                if key not in seen:
+                    seen.add(key)
+                    failed += 1
+                    messages.append(f"{label}: kernel report: {key}")
+                break
+    return passed, failed, skipped, messages
+
+
+def main(argv):
+    passed = failed = skipped = 0
+    msgs = []
+    args = argv[1:]
+    if args and args[0] == "--cargo":
+        p, f = args[1].split(":")
+        passed += int(p)
+        failed += int(f)
+        if int(f):
+            msgs.append(f"cargo test: {f} failed")
+        args = args[2:]
+    for a in args:
+        label, path = a.split("=", 1)
+        p, f, s, m = scan(label, path)
+        print(f"{label}: {p} passed, {f} failed, {s} skipped ({path})")
+        passed, failed, skipped = passed + p, failed + f, skipped + s
+        msgs += m
+    for m in msgs:
+        print(m)
+    line = f"{passed} passed, {failed} failed"
+    if skipped:
+        line += f", {skipped} skipped"
+    print(line)
+    return 1 if failed or passed == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

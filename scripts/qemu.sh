@@ -1,0 +1,25 @@
+#!/bin/bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# Boots the QEMU TCG host built by build.sh.
+#   qemu.sh MODE [CPU] [TESTS]
+# MODE is test, run or shell (see harness/init); CPU is a QEMU -cpu value
+# (default max: 5-level paging; max,la57=off for 4-level). GDB=1 adds QEMU's
+# gdb stub on :1234 and waits for the debugger. The console goes to stdout.
+set -euo pipefail
+. "$(dirname "$0")/env.sh"
+MODE=${1:-shell}
+CPU=${2:-max}
+TESTS=${3:-}
+OUT="$CACHE/out/$FLAVOUR"
+[ -f "$OUT/bzImage" ] || { echo "run scripts/build.sh first" >&2; exit 1; }
+MEM=${QEMU_MEM:-2G}
+[ "$FLAVOUR" = debug ] && MEM=${QEMU_MEM:-4G}
+args=(-accel tcg -cpu "$CPU" -m "$MEM" -smp 2 -nographic -no-reboot
+      -kernel "$OUT/bzImage" -initrd "$OUT/initramfs.gz"
+      -append "console=ttyS0 panic=-1 loglevel=6 lgtest.mode=$MODE${TESTS:+ lgtest.tests=$TESTS} ${KARGS:-}")
+if [ "${GDB:-0}" = 1 ]; then
+	args+=(-s -S)
+	echo "[qemu] waiting for gdb: gdb $OUT/kernel-tree/vmlinux -ex 'target remote :1234'" >&2
+fi
+exec qemu-system-x86_64 "${args[@]}"

@@ -1,0 +1,56 @@
+#!/bin/bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# `make test`: build everything, run the host-side `cargo test`, then boot the
+# QEMU host once per CPU model, run the selftests in it and print the verdict.
+#
+#   T=PROG[:TEST],...   run only these (e.g. T=lguest_dev_test:api_version)
+#   CPUS="max,la57=off max"   the CPU models (4-level and 5-level paging)
+#   FLAVOUR=debug       use the debug host kernel (KASAN, lockdep, kmemleak)
+#   WATCHDOG=SECONDS    limit for one whole boot (default 1200)
+# Every console log is kept in $CACHE/logs/.
+set -euo pipefail
+. "$(dirname "$0")/env.sh"
+CPUS=${CPUS:-"max,la57=off max"}
+WATCHDOG=${WATCHDOG:-1200}
+[ "$FLAVOUR" = debug ] && WATCHDOG=${WATCHDOG_DEBUG:-3600}
+
+start=$(date +%s)
+OUT=$(bash "$REPO/scripts/build.sh")
+
+echo "[test] cargo test (host-side crates)"
+clog="$OUT/cargo-test.log"
+set +e
+( cd "$REPO" && cargo test --quiet --workspace ) >"$clog" 2>&1
+crc=$?
+set -e
+cpass=$(sed -n 's/^test result: .* \([0-9]\+\) passed; \([0-9]\+\) failed.*/\1/p' "$clog" | awk '{s+=$1} END {print s+0}')
+cfail=$(sed -n 's/^test result: .* \([0-9]\+\) passed; \([0-9]\+\) failed.*/\2/p' "$clog" | awk '{s+=$1} END {print s+0}')
+if [ $crc != 0 ] && [ "$cfail" = 0 ]; then
+	cat "$clog"
+	cfail=1
+fi
+[ "$cfail" = 0 ] || grep -E "FAILED|panicked|error" "$clog" || true
+echo "[test] cargo test: $cpass passed, $cfail failed"
+
+mkdir -p "$CACHE/logs"
+stamp=$(date +%Y%m%d-%H%M%S)
+logs=()
+for cpu in $CPUS; do
+	label="cpu=$cpu"
+	log="$CACHE/logs/$stamp-$FLAVOUR-${cpu//[,=]/_}.log"
+	echo "[test] booting the QEMU host ($label, watchdog ${WATCHDOG}s); console log: $log"
+	set +e
+	timeout -s KILL "$WATCHDOG" bash "$REPO/scripts/qemu.sh" test "$cpu" "${T:-}" </dev/null 2>&1 \
+		| tee "$log" | grep --line-buffered -E '^(TAP|1\.\.|ok|not ok|# (ok|not ok|selftests|.*: )|lguest-harness)' 
+	set -e
+	logs+=("$label=$log")
+done
+
+echo "[test] verdict"
+set +e
+python3 "$REPO/scripts/ktap_summary.py" --cargo "$cpass:$cfail" "${logs[@]}"
+rc=$?
+set -e
+echo "[test] $(( $(date +%s) - start )) s in all"
+exit $rc

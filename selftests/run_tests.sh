@@ -1,0 +1,44 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# Runs the lguest selftest programs like the kselftest runner does: one KTAP
+# document whose subtests are the programs, each program's own KTAP output
+# prefixed with "# ", each under the timeout from ./settings.
+#
+#   ./run_tests.sh                 all programs
+#   ./run_tests.sh PROG[:TEST] ... only these programs (or one test of one)
+set -o pipefail
+cd "$(dirname "$0")"
+timeout=$(sed -n 's/^timeout=//p' settings 2>/dev/null)
+timeout=${timeout:-300}
+progs=$(cat tests.list)
+
+if [ $# -gt 0 ]; then
+	sel="$*"
+else
+	sel="$progs"
+fi
+n=$(echo $sel | wc -w)
+echo "TAP version 13"
+echo "1..$n"
+i=0
+for s in $sel; do
+	i=$((i + 1))
+	prog=${s%%:*}
+	arg=
+	[ "$prog" != "$s" ] && arg=${s#*:}
+	if ! echo "$progs" | grep -qx "$prog"; then
+		echo "# no such test program: $prog"
+		echo "not ok $i selftests: lguest: $prog"
+		continue
+	fi
+	echo "# selftests: lguest: $prog${arg:+ $arg}"
+	timeout -s KILL "$timeout" "./$prog" $arg 2>&1 | sed -u 's/^/# /'
+	rc=$?
+	case $rc in
+	0) echo "ok $i selftests: lguest: $prog" ;;
+	4) echo "ok $i selftests: lguest: $prog # SKIP" ;;
+	137) echo "not ok $i selftests: lguest: $prog # TIMEOUT $timeout seconds" ;;
+	*) echo "not ok $i selftests: lguest: $prog # exit=$rc" ;;
+	esac
+done

@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The lguest selftests' small harness: KTAP output and helpers to reach
+//! `/dev/lguest` and the module loader.
+//!
+//! Each test program lists its tests as `(name, fn)` pairs and calls [`run`],
+//! which prints KTAP (`TAP version 13`, `1..N`, `ok N name`, `# SKIP`) and
+//! returns the kselftest exit code: 0 all passed, 1 a test failed, 4 all
+//! skipped. A program given test names on its command line runs only those.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// Why a test did not pass.
+#[derive(Debug)]
+pub enum NotPassed {
+    /// The test failed; the message says what was expected and what happened.
+    Fail(String),
+    /// The test could not run here; the message says why.
+    Skip(String),
+}
+
+/// What a test returns.
+pub type TestResult = Result<(), NotPassed>;
+
+/// A test: its KTAP name and its body.
+pub type Test = (&'static str, fn() -> TestResult);
+
+/// Fails the current test with a formatted message.
+#[macro_export]
+macro_rules! fail {
+    ($($arg:tt)*) => { return Err($crate::NotPassed::Fail(format!($($arg)*))) };
+}
+
+/// Fails the current test unless `cond` holds.
+#[macro_export]
+macro_rules! check {
+    ($cond:expr, $($arg:tt)*) => { if !$cond { $crate::fail!($($arg)*); } };
+}
+
+/// Fails the current test unless `left == right`, printing both.
+#[macro_export]
+macro_rules! check_eq {
+    ($left:expr, $right:expr, $what:expr) => {{
+        let (l, r) = (&$left, &$right);
+        if l != r {
+            $crate::fail!("{}: got {:?}, expected {:?}", $what, l, r);
+        }
+    }};
+}
+
+/// Skips the current test with a formatted reason.
+#[macro_export]
+macro_rules! skip {
+    ($($arg:tt)*) => { return Err($crate::NotPassed::Skip(format!($($arg)*))) };
+}
+
+/// Runs the tests named on the command line (all when none are named) and
+/// prints KTAP. Returns the kselftest exit code.
+pub fn run(tests: &[Test]) -> ExitCode {
+    let wanted: Vec<String> = std::env::args().skip(1).collect();
+    for w in &wanted {
+        if !tests.iter().any(|(n, _)| n == w) {
+            eprintln!("no test named {w}; tests: {}", tests.iter().map(|t| t.0).collect::<Vec<_>>().join(" "));
+            return ExitCode::from(2);
+        }
+    }
+    let chosen: Vec<&Test> = tests.iter().filter(|(n, _)| wanted.is_empty() || wanted.iter().any(|w| w == n)).collect();
+    println!("TAP version 13");
+    println!("1..{}", chosen.len());
+    let (mut failed, mut skipped) = (0, 0);
+    for (i, (name, f)) in chosen.iter().enumerate() {
+        match f() {
+            Ok(()) => println!("ok {} {name}", i + 1),
+            Err(NotPassed::Fail(msg)) => {
+                failed += 1;
+                for line in msg.lines() {
+                    println!("# {name}: {line}");
+                }
+                println!("not ok {} {name}", i + 1);
+            }
+            Err(NotPassed::Skip(why)) => {
+                skipped += 1;
+                println!("ok {} {name} # SKIP {why}", i + 1);
+            }
+        }
+    }
+    println!("# Totals: pass:{} fail:{failed} skip:{skipped}", chosen.len() - failed - skipped);
+    if failed > 0 {
+        ExitCode::FAILURE
+    } else if skipped == chosen.len() && skipped > 0 {
+        ExitCode::from(4)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// The lguest device node.
+pub const DEV: &str = "/dev/lguest";
+
+/// Opens `/dev/lguest` read-write.
+pub fn open_dev() -> io::Result<File> {
+    std::fs::OpenOptions::new().read(true).write(true).open(DEV)
+}
+
+/// Makes an ioctl with an integer argument; returns the result or the errno.
+pub fn ioctl(f: &File, cmd: u32, arg: usize) -> Result<i32, i32> {
+    // SAFETY: The commands the tests send take no pointer or take a pointer
+    // the caller made valid for the command's size; a wrong command number
+    // is exactly what some tests check, and the kernel must refuse it.
+    let ret = unsafe { libc::ioctl(f.as_raw_fd(), cmd as _, arg) };
+    if ret < 0 {
+        Err(errno())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// The calling thread's errno.
+pub fn errno() -> i32 {
+    io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// The path of `lguest.ko` for the load tests (`$LGUEST_KO`, else
+/// `/lib/modules/lguest.ko`), if it exists.
+pub fn module_path() -> Option<String> {
+    let p = std::env::var("LGUEST_KO").unwrap_or_else(|_| "/lib/modules/lguest.ko".into());
+    Path::new(&p).exists().then_some(p)
+}
+
+/// Loads a module from a file with `finit_module(2)`.
+pub fn load_module(path: &str) -> Result<(), i32> {
+    let f = File::open(path).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+    let params = c"";
+    // SAFETY: `f` is an open file and `params` a NUL-terminated string, both
+    // alive across the call; finit_module reads nothing else of ours.
+    let ret = unsafe { libc::syscall(libc::SYS_finit_module, f.as_raw_fd(), params.as_ptr(), 0) };
+    if ret < 0 {
+        Err(errno())
+    } else {
+        Ok(())
+    }
+}
+
+/// Unloads a module with `delete_module(2)` and `O_NONBLOCK`, as rmmod does.
+pub fn unload_module(name: &str) -> Result<(), i32> {
+    let name = CString::new(name).map_err(|_| libc::EINVAL)?;
+    // SAFETY: `name` is a NUL-terminated string alive across the call.
+    let ret = unsafe { libc::syscall(libc::SYS_delete_module, name.as_ptr(), libc::O_NONBLOCK) };
+    if ret < 0 {
+        Err(errno())
+    } else {
+        Ok(())
+    }
+}
+
+/// Whether module `name` is loaded (listed in /proc/modules).
+pub fn module_loaded(name: &str) -> bool {
+    std::fs::read_to_string("/proc/modules")
+        .map(|s| s.lines().any(|l| l.split(' ').next() == Some(name)))
+        .unwrap_or(false)
+}
+
+/// Polls `cond` every millisecond until it holds or `timeout` passes.
+pub fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        if cond() {
+            return true;
+        }
+        if start.elapsed() > timeout {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The name of an errno value, for messages.
+pub fn errname(e: i32) -> String {
+    format!("{} ({e})", io::Error::from_raw_os_error(e))
+}
