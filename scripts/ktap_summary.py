@@ -8,7 +8,7 @@ scans the whole log for kernel reports (oops, BUG, WARNING, KASAN, lockdep,
 kmemleak, panic). Each distinct report counts as one failure. The last line
 is "N passed, M failed[, K skipped]"; the exit status is 1 on any failure.
 
-usage: ktap_summary.py [--cargo PASSED:FAILED] LABEL=LOG...
+usage: ktap_summary.py [--cargo PASSED:FAILED] LABEL::LOG...
 """
 import re
 import sys
@@ -97,7 +97,7 @@ def main(argv):
             msgs.append(f"cargo test: {f} failed")
         args = args[2:]
     for a in args:
-        label, path = a.split("=", 1)
+        label, path = a.split("::", 1)
         p, f, s, m = scan(label, path)
         print(f"{label}: {p} passed, {f} failed, {s} skipped ({path})")
         passed, failed, skipped = passed + p, failed + f, skipped + s

@@ -44,7 +44,7 @@ for cpu in $CPUS; do
 	timeout -s KILL "$WATCHDOG" bash "$REPO/scripts/qemu.sh" test "$cpu" "${T:-}" </dev/null 2>&1 \
 		| tee "$log" | grep --line-buffered -E '^(TAP|1\.\.|ok|not ok|# (ok|not ok|selftests|.*: )|lguest-harness)' 
 	set -e
-	logs+=("$label=$log")
+	logs+=("$label::$log")
 done
 
 echo "[test] verdict"

@@ -33,7 +33,7 @@ for s in $sel; do
 		continue
 	fi
 	echo "# selftests: lguest: $prog${arg:+ $arg}"
-	timeout -s KILL "$timeout" "./$prog" $arg 2>&1 | sed -u 's/^/# /'
+	timeout -s KILL "$timeout" "./$prog" $arg 2>&1 | sed 's/^/# /'
 	rc=$?
 	case $rc in
 	0) echo "ok $i selftests: lguest: $prog" ;;

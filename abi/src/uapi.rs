@@ -49,12 +49,189 @@ pub const fn ioc(dir: u32, ty: u32, nr: u32, size: usize) -> u32 {
 /// `LGUEST_GET_API_VERSION`: returns [`LGUEST_API_VERSION`]. No argument.
 pub const LGUEST_GET_API_VERSION: u32 = ioc(IOC_NONE, LGUEST_IOC_MAGIC, 0x40, 0);
 
+/// `LGUEST_CREATE_VM`: give the file its guest (argument: [`LguestVmConfig`]).
+/// One VM per open file; a second call gets `EEXIST`.
+pub const LGUEST_CREATE_VM: u32 = ioc(IOC_WRITE, LGUEST_IOC_MAGIC, 0x41, core::mem::size_of::<LguestVmConfig>());
+/// `LGUEST_CREATE_VCPU`: create the next vCPU; returns its index, which is
+/// also its run page's mmap offset in pages. No argument.
+pub const LGUEST_CREATE_VCPU: u32 = ioc(IOC_NONE, LGUEST_IOC_MAGIC, 0x42, 0);
+/// `LGUEST_RUN`: run vCPU `arg` until it needs the launcher; the reason is in
+/// its [`LguestRun`] page. `EINTR` on a signal or `immediate_exit`.
+pub const LGUEST_RUN: u32 = ioc(IOC_NONE, LGUEST_IOC_MAGIC, 0x43, 0);
+/// `LGUEST_GET_REGS`: read a vCPU's registers ([`LguestVcpuRegs`], in/out).
+pub const LGUEST_GET_REGS: u32 = ioc(IOC_READ | IOC_WRITE, LGUEST_IOC_MAGIC, 0x44, core::mem::size_of::<LguestVcpuRegs>());
+/// `LGUEST_SET_REGS`: write a vCPU's registers ([`LguestVcpuRegs`]).
+pub const LGUEST_SET_REGS: u32 = ioc(IOC_WRITE, LGUEST_IOC_MAGIC, 0x45, core::mem::size_of::<LguestVcpuRegs>());
+
+/// The most memory a guest may have (4 GiB): guest-physical addresses stay
+/// far below the switcher, and the initial linear map stays small.
+pub const LGUEST_MAX_MEM: u64 = 4 << 30;
+/// The most device pages above guest RAM.
+pub const LGUEST_MAX_DEVICE_PAGES: u64 = 256;
+/// The most vCPUs per VM (guests are uniprocessor for now).
+pub const LGUEST_MAX_VCPUS: u32 = 1;
+
+/// The argument of [`LGUEST_CREATE_VM`].
+///
+/// Guest-physical address `P` is launcher address `mem_base + P` for RAM,
+/// `[0, mem_size)`, and for the device window above it,
+/// `[mem_size, mem_size + device_pages * 4096)`. Both must be mapped in the
+/// launcher (anonymous, private or shared, writable) when the VM is created.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LguestVmConfig {
+    /// Launcher address of guest-physical 0; page aligned.
+    pub mem_base: u64,
+    /// Bytes of guest RAM; a non-zero multiple of 4096, at most [`LGUEST_MAX_MEM`].
+    pub mem_size: u64,
+    /// Pages of the device window right above RAM; at most [`LGUEST_MAX_DEVICE_PAGES`].
+    pub device_pages: u64,
+    /// Where the first vCPU starts (guest-virtual = guest-physical at boot).
+    pub entry: u64,
+    /// No flags are defined yet: must be 0.
+    pub flags: u32,
+    /// Must be 0.
+    pub reserved0: u32,
+    /// Must be 0.
+    pub reserved: [u64; 4],
+}
+
+/// A vCPU's registers as the launcher sees them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LguestRegs {
+    /// General purpose registers.
+    pub rax: u64,
+    /// General purpose registers.
+    pub rbx: u64,
+    /// General purpose registers.
+    pub rcx: u64,
+    /// General purpose registers.
+    pub rdx: u64,
+    /// General purpose registers.
+    pub rsi: u64,
+    /// General purpose registers.
+    pub rdi: u64,
+    /// General purpose registers.
+    pub rbp: u64,
+    /// General purpose registers.
+    pub r8: u64,
+    /// General purpose registers.
+    pub r9: u64,
+    /// General purpose registers.
+    pub r10: u64,
+    /// General purpose registers.
+    pub r11: u64,
+    /// General purpose registers.
+    pub r12: u64,
+    /// General purpose registers.
+    pub r13: u64,
+    /// General purpose registers.
+    pub r14: u64,
+    /// General purpose registers.
+    pub r15: u64,
+    /// Instruction pointer (guest-virtual).
+    pub rip: u64,
+    /// Stack pointer (guest-virtual).
+    pub rsp: u64,
+    /// Flags. On SET_REGS only the arithmetic flags, DF, TF and AC are taken;
+    /// the host keeps IF=1, IOPL=0 and the reserved bits.
+    pub rflags: u64,
+}
+
+/// The argument of [`LGUEST_GET_REGS`] and [`LGUEST_SET_REGS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LguestVcpuRegs {
+    /// The vCPU index.
+    pub vcpu: u32,
+    /// Must be 0.
+    pub pad: u32,
+    /// The registers.
+    pub regs: LguestRegs,
+}
+
+/// [`LguestRun::exit_reason`]: the guest made `LHCALL_NOTIFY` (an early
+/// console string or a device kick); see [`LguestRun::notify_addr`].
+pub const LGUEST_EXIT_NOTIFY: u32 = 1;
+/// The guest called `LHCALL_SHUTDOWN`; see `shutdown_reason` and `message`.
+pub const LGUEST_EXIT_SHUTDOWN: u32 = 2;
+/// The host killed the guest for breaking the rules; see `message`. The VM
+/// cannot run again: a later RUN returns the same exit.
+pub const LGUEST_EXIT_KILLED: u32 = 3;
+/// The guest halted with nothing to wake it (no timer, no interrupt source).
+pub const LGUEST_EXIT_HALT: u32 = 4;
+
+/// `LHCALL_SHUTDOWN` argument 2: power off.
+pub const LGUEST_SHUTDOWN_POWEROFF: u64 = 1;
+/// `LHCALL_SHUTDOWN` argument 2: restart.
+pub const LGUEST_SHUTDOWN_RESTART: u64 = 2;
+/// `LHCALL_SHUTDOWN` argument 2: the guest crashed (a panic).
+pub const LGUEST_SHUTDOWN_CRASH: u64 = 3;
+
+/// Bytes of `LguestRun::message`.
+pub const LGUEST_MESSAGE_LEN: usize = 256;
+
+/// The run page of a vCPU: mmap the VM's file at offset `vcpu * 4096`.
+///
+/// The launcher writes only `immediate_exit`; everything else is written by
+/// the host when RUN returns.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LguestRun {
+    /// Set to non-zero (for example from a signal handler) to make the next
+    /// RUN return `EINTR` at once. Read once at the start of RUN; the host
+    /// never clears it.
+    pub immediate_exit: u8,
+    /// Padding.
+    pub pad0: [u8; 3],
+    /// Why RUN returned: `LGUEST_EXIT_*`.
+    pub exit_reason: u32,
+    /// For `LGUEST_EXIT_NOTIFY`: the guest-physical address argument.
+    pub notify_addr: u64,
+    /// For `LGUEST_EXIT_NOTIFY`: the second argument.
+    pub notify_arg: u64,
+    /// For `LGUEST_EXIT_SHUTDOWN`: `LGUEST_SHUTDOWN_*`.
+    pub shutdown_reason: u64,
+    /// Number of exits of every kind since the vCPU was created.
+    pub stat_exits: u64,
+    /// Number of hypercalls since the vCPU was created.
+    pub stat_hypercalls: u64,
+    /// Reserved for later exit data.
+    pub reserved: [u64; 10],
+    /// For `LGUEST_EXIT_SHUTDOWN` and `LGUEST_EXIT_KILLED`: a NUL-terminated
+    /// message (the guest's, or the host's reason for the kill).
+    pub message: [u8; LGUEST_MESSAGE_LEN],
+}
+
+/// Code segment selector of the guest (ring 3, 64-bit).
+pub const LGUEST_GUEST_CS: u64 = 0x2b;
+/// Stack and data segment selector of the guest (ring 3).
+pub const LGUEST_GUEST_SS: u64 = 0x23;
+
 // ---------------------------------------------------------------------------
 // The guest ABI.
 // ---------------------------------------------------------------------------
 
 /// The software interrupt vector a guest uses for hypercalls (`int $0x1f`).
+///
+/// Register convention (the Linux system-call one, so that a later SYSCALL
+/// fast path needs no shuffling): RAX holds the `LHCALL_*` number, RDI, RSI,
+/// RDX and R10 hold arguments 1 to 4; the result, if any, comes back in RAX.
+/// Every other register is preserved.
 pub const LGUEST_TRAP_ENTRY: u8 = 0x1F;
+
+/// Where a guest starts: the ELF entry point, in ring 3, with CS
+/// [`LGUEST_GUEST_CS`], SS [`LGUEST_GUEST_SS`], hardware IF set, virtual
+/// interrupts off, on the initial linear map (virtual = guest-physical for all
+/// of RAM). RDI holds the guest-physical address of the NUL-terminated
+/// command line, which the launcher puts in the last page of RAM
+/// ([`LGUEST_CMDLINE_MAX`] bytes at most); RSI holds the size of RAM.
+pub const LGUEST_CMDLINE_MAX: usize = 4096;
+
+/// The lowest address a guest image may be loaded at: the first 1 MiB is left
+/// unmapped, so that a null pointer in the guest faults.
+pub const LGUEST_LOAD_MIN: u64 = 0x10_0000;
 
 /// Hypercall: run the queued hypercalls in the async ring.
 pub const LHCALL_FLUSH_ASYNC: u64 = 0;
@@ -90,3 +267,98 @@ pub const LHCALL_NOTIFY: u64 = 17;
 pub const LHCALL_LOAD_GDT_ENTRY: u64 = 18;
 /// Hypercall: do nothing but exit, so pending interrupts are delivered now.
 pub const LHCALL_SEND_INTERRUPTS: u64 = 19;
+
+/// Number of entries in the async hypercall ring.
+pub const LHCALL_RING_SIZE: usize = 64;
+/// Number of guest interrupt lines.
+pub const LGUEST_IRQS: usize = 64;
+/// `hcall_status` value: the entry is free (the host ran it).
+pub const LHCALL_STATUS_DONE: u8 = 0xFF;
+/// Virtual IF: the value of `irq_enabled` when interrupts are on.
+pub const X86_EFLAGS_IF: u64 = 0x200;
+
+/// The arguments of one queued hypercall.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcallArgs {
+    /// The hypercall number (`LHCALL_*`).
+    pub arg0: u64,
+    /// First argument.
+    pub arg1: u64,
+    /// Second argument.
+    pub arg2: u64,
+    /// Third argument.
+    pub arg3: u64,
+    /// Fourth argument.
+    pub arg4: u64,
+}
+
+/// Guest wall-clock time.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LguestTime {
+    /// Seconds.
+    pub sec: u64,
+    /// Nanoseconds.
+    pub nsec: u64,
+}
+
+/// `struct lguest_data`: the page the guest shares with the host; the guest
+/// gives its guest-physical address with `LHCALL_LGUEST_INIT`.
+///
+/// The host never trusts it: each field is read once, then checked.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LguestData {
+    /// Virtual IF: [`X86_EFLAGS_IF`] when the guest takes interrupts, else 0.
+    pub irq_enabled: u64,
+    /// Interrupts the guest does not want (one bit per line).
+    pub blocked_interrupts: [u64; LGUEST_IRQS / 64],
+    /// The faulting address of the last page fault reflected to the guest.
+    pub cr2: u64,
+    /// Wall-clock time, written by the host at INIT and on each delivery.
+    pub time: LguestTime,
+    /// Set by the host when an interrupt waits for the guest to enable
+    /// interrupts; the guest then makes `LHCALL_SEND_INTERRUPTS`.
+    pub irq_pending: u64,
+    /// Async ring status: [`LHCALL_STATUS_DONE`] or 0 (queued by the guest).
+    pub hcall_status: [u8; LHCALL_RING_SIZE],
+    /// Async ring entries.
+    pub hcalls: [HcallArgs; LHCALL_RING_SIZE],
+    /// Written by the host: the guest must not use virtual addresses at or
+    /// above this (where the switcher lives in its address space).
+    pub reserve_mem: u64,
+    /// Written by the host: the TSC frequency when it is stable, else 0.
+    pub tsc_khz: u32,
+    /// Padding.
+    pub pad0: u32,
+    /// Written by the guest: the address of the `iretq` in its iret window.
+    pub noirq_iret: u64,
+    /// Written by the guest: where its kernel mappings start.
+    pub kernel_address: u64,
+    /// Written by the guest: its system-call vector.
+    pub syscall_vec: u32,
+    /// Padding.
+    pub pad1: u32,
+}
+
+/// Compile-time layout checks: the structs are an ABI.
+const _: () = {
+    use core::mem::{offset_of, size_of};
+    assert!(size_of::<LguestVmConfig>() == 72);
+    assert!(size_of::<LguestRegs>() == 18 * 8);
+    assert!(size_of::<LguestVcpuRegs>() == 8 + 18 * 8);
+    assert!(offset_of!(LguestRun, exit_reason) == 4);
+    assert!(offset_of!(LguestRun, notify_addr) == 8);
+    assert!(offset_of!(LguestRun, message) == 128);
+    assert!(size_of::<LguestRun>() == 128 + LGUEST_MESSAGE_LEN);
+    assert!(size_of::<LguestRun>() <= 4096);
+    assert!(offset_of!(LguestData, cr2) == 16);
+    assert!(offset_of!(LguestData, time) == 24);
+    assert!(offset_of!(LguestData, irq_pending) == 40);
+    assert!(offset_of!(LguestData, hcall_status) == 48);
+    assert!(offset_of!(LguestData, hcalls) == 112);
+    assert!(offset_of!(LguestData, reserve_mem) == 112 + 40 * LHCALL_RING_SIZE);
+    assert!(size_of::<LguestData>() == 2712);
+    assert!(size_of::<LguestData>() <= 4096);
+};
