@@ -1,10 +1,14 @@
 // SPDX-License-Identifier: GPL-2.0
-//! `/dev/lguest`: one open file is one launcher's handle on the hypervisor.
+//! `/dev/lguest`: one open file is one launcher's VM.
 //!
-//! The file's private data is a [`LguestFile`]. Its ioctls follow the ABI in
-//! `abi/src/uapi.rs`; unknown commands get `ENOTTY`. While a file is open the
-//! module cannot be unloaded: the misc device's `fops.owner` is this module,
-//! so every open file holds a module reference.
+//! The file's private data is a [`LguestFile`]: a mutex around the VM, which
+//! `LGUEST_CREATE_VM` fills in. Every ioctl and mmap takes that mutex, RUN for
+//! the whole time the guest runs; there is no other lock, so there is no lock
+//! order to keep. Unknown commands get `ENOTTY`, malformed arguments
+//! `EINVAL`, unreadable ones `EFAULT`.
+//!
+//! While a file is open the module cannot be unloaded: the misc device's
+//! `fops.owner` is this module, so every open file holds a module reference.
 
 use kernel::{
     fs::File,
@@ -12,26 +16,137 @@ use kernel::{
         MiscDevice,
         MiscDeviceRegistration, //
     },
-    prelude::*, //
+    mm::virt::{
+        flags as vmflags,
+        VmaNew, //
+    },
+    new_mutex,
+    prelude::*,
+    sync::Mutex,
+    transmute::{
+        AsBytes,
+        FromBytes, //
+    },
+    uaccess::{
+        UserPtr,
+        UserSlice, //
+    },
 };
 
-use crate::uapi;
+use crate::{
+    uapi::{
+        self,
+        LguestVcpuRegs,
+        LguestVmConfig, //
+    },
+    vm::Vm,
+};
+
+// SAFETY: `LguestVmConfig` is `repr(C)` with only integer fields and no
+// padding (its size is asserted in uapi.rs), so any bytes are a valid value.
+unsafe impl FromBytes for LguestVmConfig {}
+// SAFETY: As above, for `LguestVcpuRegs` (u32, u32, then u64s).
+unsafe impl FromBytes for LguestVcpuRegs {}
+// SAFETY: As above: no padding, so every byte is initialised.
+unsafe impl AsBytes for LguestVcpuRegs {}
 
 /// The state behind one open `/dev/lguest` file.
-pub(crate) struct LguestFile;
+#[pin_data]
+pub(crate) struct LguestFile {
+    #[pin]
+    vm: Mutex<Option<Vm>>,
+}
+
+impl LguestFile {
+    fn create_vm(&self, arg: usize) -> Result<isize> {
+        let cfg: LguestVmConfig = UserSlice::new(UserPtr::from_addr(arg), core::mem::size_of::<LguestVmConfig>())
+            .reader()
+            .read()?;
+        let mut vm = self.vm.lock();
+        if vm.is_some() {
+            return Err(EEXIST);
+        }
+        *vm = Some(Vm::create(&cfg)?);
+        Ok(0)
+    }
+
+    fn create_vcpu(&self) -> Result<isize> {
+        let mut guard = self.vm.lock();
+        let vm = Option::as_mut(&mut *guard).ok_or(ENOENT)?;
+        Ok(vm.create_vcpu()? as isize)
+    }
+
+    fn run(&self, vcpu: usize) -> Result<isize> {
+        let mut guard = self.vm.lock();
+        Option::as_mut(&mut *guard).ok_or(ENOENT)?.run(vcpu)
+    }
+
+    fn get_regs(&self, arg: usize) -> Result<isize> {
+        let (mut r, mut w) = UserSlice::new(UserPtr::from_addr(arg), core::mem::size_of::<LguestVcpuRegs>())
+            .reader_writer();
+        let mut req: LguestVcpuRegs = r.read()?;
+        if req.pad != 0 {
+            return Err(EINVAL);
+        }
+        let vm = self.vm.lock();
+        req.regs = vm.as_ref().ok_or(ENOENT)?.get_regs(req.vcpu as usize)?;
+        w.write(&req)?;
+        Ok(0)
+    }
+
+    fn set_regs(&self, arg: usize) -> Result<isize> {
+        let req: LguestVcpuRegs = UserSlice::new(UserPtr::from_addr(arg), core::mem::size_of::<LguestVcpuRegs>())
+            .reader()
+            .read()?;
+        if req.pad != 0 {
+            return Err(EINVAL);
+        }
+        let mut guard = self.vm.lock();
+        Option::as_mut(&mut *guard).ok_or(ENOENT)?.set_regs(req.vcpu as usize, req.regs)?;
+        Ok(0)
+    }
+}
 
 #[vtable]
 impl MiscDevice for LguestFile {
-    type Ptr = KBox<Self>;
+    type Ptr = Pin<KBox<Self>>;
 
-    fn open(_file: &File, _misc: &MiscDeviceRegistration<Self>) -> Result<KBox<Self>> {
-        KBox::new(LguestFile, GFP_KERNEL).map_err(Into::into)
+    fn open(_file: &File, _misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
+        KBox::try_pin_init(
+            try_pin_init!(LguestFile {
+                vm <- new_mutex!(None, "LguestFile::vm"),
+            }),
+            GFP_KERNEL,
+        )
     }
 
-    fn ioctl(_this: &LguestFile, _file: &File, cmd: u32, _arg: usize) -> Result<isize> {
+    fn ioctl(this: Pin<&LguestFile>, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
+        // The argument size is part of the command number: a struct of the
+        // wrong size is a different, unknown, command.
         match cmd {
             uapi::LGUEST_GET_API_VERSION => Ok(uapi::LGUEST_API_VERSION as isize),
+            uapi::LGUEST_CREATE_VM => this.create_vm(arg),
+            uapi::LGUEST_CREATE_VCPU => this.create_vcpu(),
+            uapi::LGUEST_RUN => this.run(arg),
+            uapi::LGUEST_GET_REGS => this.get_regs(arg),
+            uapi::LGUEST_SET_REGS => this.set_regs(arg),
             _ => Err(ENOTTY),
         }
+    }
+
+    /// Maps vCPU `pgoff`'s run page. The mapping must be shared (the
+    /// launcher writes `immediate_exit` into the kernel's page) and one page.
+    fn mmap(this: Pin<&LguestFile>, _file: &File, vma: &VmaNew) -> Result {
+        if vma.end() - vma.start() != uapi::LGUEST_RUN_PAGE_SIZE || vma.flags() & vmflags::SHARED == 0 {
+            return Err(EINVAL);
+        }
+        // SAFETY: The vma is valid for this call; vm_pgoff is plain data.
+        let pgoff = unsafe { (*vma.as_ptr()).vm_pgoff } as usize;
+        vma.try_clear_mayexec()?;
+        vma.set_dontexpand();
+        vma.set_dontcopy();
+        let vm = this.vm.lock();
+        let page = vm.as_ref().ok_or(ENOENT)?.run_page(pgoff)?;
+        vma.set_mixedmap().vm_insert_page(vma.start(), page.page())
     }
 }

@@ -6,6 +6,10 @@
 //!
 //! - [`host`]: what the module requires of the host CPU, checked at load;
 //! - [`dev`]: the `/dev/lguest` misc device and its ioctls;
+//! - [`vm`]: a guest and its run loop; [`hcall`]: its hypercalls;
+//! - [`mm`]: pinned guest memory and shadow page tables;
+//! - [`switcher`] (with `switcher_64.S`): the trip into the guest and back;
+//! - [`helpers`] (with `lg_helpers.c`): the few raw kernel calls;
 //! - [`uapi`]: the ABI shared with the launcher, the guest and the tests.
 //!
 //! The guided tour of the code is `Documentation/tour.rst`.
@@ -19,7 +23,12 @@ use kernel::{
 };
 
 mod dev;
+mod hcall;
+mod helpers;
 mod host;
+mod mm;
+mod switcher;
+mod vm;
 
 // The ABI is one file shared with userspace; the module uses part of it and
 // does not re-export it, hence the two lint exceptions.
@@ -35,8 +44,9 @@ module! {
     license: "GPL",
 }
 
-/// The module: its only state is the misc device registration.
-#[pin_data]
+/// The module: the misc device registration; the switcher is global
+/// (`switcher.rs`) and freed in `drop`.
+#[pin_data(PinnedDrop)]
 struct LguestModule {
     #[pin]
     _miscdev: MiscDeviceRegistration<dev::LguestFile>,
@@ -44,12 +54,21 @@ struct LguestModule {
 
 impl kernel::InPlaceModule for LguestModule {
     fn init(_module: &'static ThisModule) -> impl PinInit<Self, Error> {
-        let checked = host::check_host();
+        let checked = host::check_host().and_then(|()| switcher::Switcher::init());
         try_pin_init!(Self {
             _miscdev <- {
                 checked?;
                 MiscDeviceRegistration::register(MiscDeviceOptions { name: c"lguest" })
             },
         })
+    }
+}
+
+#[pinned_drop]
+impl PinnedDrop for LguestModule {
+    fn drop(self: Pin<&mut Self>) {
+        // No file is open (each holds a module reference) and no new one can
+        // be opened while the module is going away.
+        switcher::Switcher::exit();
     }
 }

@@ -169,6 +169,9 @@ pub const LGUEST_SHUTDOWN_RESTART: u64 = 2;
 /// `LHCALL_SHUTDOWN` argument 2: the guest crashed (a panic).
 pub const LGUEST_SHUTDOWN_CRASH: u64 = 3;
 
+/// Bytes of the mmap of one run page.
+pub const LGUEST_RUN_PAGE_SIZE: usize = 4096;
+
 /// Bytes of `LguestRun::message`.
 pub const LGUEST_MESSAGE_LEN: usize = 256;
 
@@ -205,9 +208,9 @@ pub struct LguestRun {
 }
 
 /// Code segment selector of the guest (ring 3, 64-bit).
-pub const LGUEST_GUEST_CS: u64 = 0x2b;
+pub const LGUEST_GUEST_CS: u64 = 0x33;
 /// Stack and data segment selector of the guest (ring 3).
-pub const LGUEST_GUEST_SS: u64 = 0x23;
+pub const LGUEST_GUEST_SS: u64 = 0x2b;
 
 // ---------------------------------------------------------------------------
 // The guest ABI.

@@ -1,16 +1,26 @@
 // SPDX-License-Identifier: GPL-2.0
-//! `lguest`: the launcher. It opens `/dev/lguest` and, from the world-switch
-//! issue on, creates and runs guests through it.
+//! `lguest`: the launcher. It opens `/dev/lguest`, shows the module's ABI
+//! version (`lguest version`) and creates and runs guests (`lguest run`).
 //!
-//! Exit status: 0 on success, 1 with a message on stderr otherwise.
+//! Exit status: for `run`, the guest's outcome (0 power-off or restart
+//! request, 1 crash, 2 killed by the host or an unknown exit, 3 halted for
+//! good, 130 on SIGINT/SIGTERM; see `exit.rs`); 1 with a message on stderr
+//! when the launcher itself fails or its arguments are wrong.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{ArgAction, Parser, Subcommand};
 
+mod boot;
 mod dev;
+mod exit;
+mod loader;
+mod memory;
+mod run;
+mod signals;
 
 /// The lguest launcher.
 #[derive(Debug, Parser)]
@@ -19,6 +29,10 @@ struct Cli {
     /// The lguest device node.
     #[arg(long, default_value = "/dev/lguest", global = true)]
     device: PathBuf,
+    /// More messages on stderr (-v: info and exit statistics, -vv: debug,
+    /// -vvv: trace). RUST_LOG overrides it.
+    #[arg(short, long, action = ArgAction::Count, global = true)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -27,6 +41,22 @@ struct Cli {
 enum Command {
     /// Show the module's ABI version and check that it matches this launcher.
     Version,
+    /// Run a guest: a static x86-64 ELF executable.
+    ///
+    /// Launcher options go before GUEST; everything after it is the guest's
+    /// command line.
+    Run {
+        /// Guest RAM: bytes, or a number with K, M or G (binary units); at
+        /// least 2M, at most 4G, a multiple of 4K.
+        #[arg(short, long, value_name = "SIZE", default_value = boot::DEFAULT_MEM, value_parser = boot::parse_mem_size)]
+        memory: u64,
+        /// The guest ELF image.
+        #[arg(value_name = "GUEST.elf")]
+        guest: PathBuf,
+        /// The guest's command line, joined with spaces.
+        #[arg(value_name = "ARGS", trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
 }
 
 fn version(cli: &Cli) -> Result<()> {
@@ -40,17 +70,103 @@ fn version(cli: &Cli) -> Result<()> {
     Ok(())
 }
 
+/// The log filter for a `-v` count.
+fn log_level(verbose: u8) -> &'static str {
+    match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    }
+}
+
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let cli = Cli::parse();
-    let res = match cli.command {
-        Command::Version => version(&cli),
+    // Usage errors exit 1, not clap's 2, which means "killed by the host".
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Nothing useful is left to do if stderr is gone.
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::FAILURE } else { ExitCode::SUCCESS };
+        }
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(log_level(cli.verbose))).init();
+    let res = match &cli.command {
+        Command::Version => version(&cli).map(|()| 0),
+        Command::Run { memory, guest, args } => run::run(&run::RunOptions {
+            device: cli.device.clone(),
+            mem_size: *memory,
+            guest: guest.clone(),
+            args: args.clone(),
+        }),
     };
     match res {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("lguest: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("lguest").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_defaults() {
+        let cli = parse(&["run", "guest.elf"]).expect("parse");
+        let Command::Run { memory, guest, args } = cli.command else { panic!("not run") };
+        assert_eq!(memory, 64 << 20);
+        assert_eq!(guest, PathBuf::from("guest.elf"));
+        assert!(args.is_empty());
+        assert_eq!(cli.verbose, 0);
+        assert_eq!(cli.device, PathBuf::from("/dev/lguest"));
+    }
+
+    #[test]
+    fn run_with_options_and_guest_args() {
+        let cli = parse(&["-vv", "run", "--memory", "128M", "g.elf", "console", "-v", "--x=1"]).expect("parse");
+        assert_eq!(cli.verbose, 2);
+        let Command::Run { memory, args, .. } = cli.command else { panic!("not run") };
+        assert_eq!(memory, 128 << 20);
+        assert_eq!(args, ["console", "-v", "--x=1"].map(OsString::from));
+        let cli = parse(&["run", "-m", "16M", "-v", "g.elf"]).expect("parse");
+        assert_eq!(cli.verbose, 1);
+    }
+
+    #[test]
+    fn bad_memory_sizes_are_refused() {
+        for (size, why) in
+            [("1M", "too little"), ("8G", "too much"), ("2097153", "not a multiple"), ("lots", "not a size")]
+        {
+            let err = parse(&["run", "--memory", size, "g.elf"]).expect_err(size);
+            assert!(err.to_string().contains(why), "{size}: {err}");
+        }
+    }
+
+    #[test]
+    fn version_still_parses() {
+        assert!(matches!(parse(&["version"]).expect("parse").command, Command::Version));
+        assert!(parse(&["run"]).is_err(), "GUEST is required");
+    }
+
+    #[test]
+    fn verbosity_levels() {
+        assert_eq!(log_level(0), "warn");
+        assert_eq!(log_level(1), "info");
+        assert_eq!(log_level(2), "debug");
+        assert_eq!(log_level(9), "trace");
     }
 }

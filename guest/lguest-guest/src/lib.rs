@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: GPL-2.0
+//! `lguest-guest`: everything a freestanding lguest guest needs to boot,
+//! talk to the host and stop; a sample guest only supplies `main`.
+//!
+//! The boot protocol (see `abi/src/uapi.rs` and `guest/README.md`): the
+//! launcher loads the ELF image at its physical addresses and starts it at
+//! `_start` in ring 3, with virtual = physical for all of RAM, RDI = the
+//! guest-physical address of the NUL-terminated command line and RSI = the
+//! size of RAM. There is no FPU or SSE (CR0.TS is set) and no interrupts yet.
+//!
+//! Boot order: [`start`] sets up a stack and calls `lguest_start`, which
+//! registers [`data`]'s `struct lguest_data` with the host, reads the
+//! [`cmdline`], then calls the guest's `main` (named with [`entry!`]); when
+//! `main` returns the guest powers off ([`shutdown`]). A panic crashes the
+//! guest with its message ([`panic`]).
+//!
+//! ```ignore
+//! #![no_std]
+//! #![no_main]
+//! use lguest_guest::{entry, println, Args};
+//!
+//! entry!(main);
+//!
+//! fn main(args: Args) {
+//!     println!("Hello from the lguest guest: {}", args.as_str());
+//! }
+//! ```
+#![no_std]
+
+pub mod cell;
+pub mod cmdline;
+pub mod console;
+pub mod cstr;
+pub mod data;
+pub mod entry;
+pub mod hcall;
+pub mod panic;
+pub mod paravirt;
+pub mod shutdown;
+pub mod start;
+
+pub use cmdline::Args;
+pub use hcall::hcall;
+pub use paravirt::{Lguest, Paravirt};
+pub use shutdown::{crash, crash_fmt, poweroff, poweroff_fmt, restart};
+
+/// The ABI crate, re-exported so a guest needs only one dependency.
+pub use lguest_abi as abi;
+
+/// The guest-physical address of a guest-virtual one.
+///
+/// In this boot mode the launcher maps all of RAM with virtual = physical,
+/// and the guest never changes its page tables, so this is the identity. It
+/// marks every place that hands the host an address, for the day the guest
+/// runs on its own page tables.
+#[inline]
+pub fn virt_to_phys<T>(p: *const T) -> u64 {
+    p as u64
+}

@@ -1,0 +1,220 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Hypercalls: what the guest asks of the host with `int $0x1f`.
+//!
+//! RAX holds the call, RDI, RSI, RDX and R10 its arguments (`uapi.rs`).
+//! Before each synchronous call the async ring in `lguest_data` is run, as
+//! lguest did: the guest queues calls there while batching and flushes them
+//! with any hypercall. Grossly invalid calls kill the guest with a reason;
+//! nothing a guest passes here can reach the host unchecked: every address
+//! is checked against guest RAM and every value is read once.
+//!
+//! Called by the run loop in `vm.rs` with the file's lock held.
+
+use core::mem::offset_of;
+use kernel::{
+    bindings,
+    prelude::*,
+    str::CString, //
+};
+
+use crate::{
+    uapi::{
+        self,
+        HcallArgs,
+        LguestData, //
+    },
+    vm::{
+        UserExit,
+        Vm, //
+    },
+};
+
+/// Why the host kills a guest.
+pub(crate) enum Kill {
+    /// The reason, for the launcher and the kernel log.
+    Reason(CString),
+    /// There was not even memory to format the reason.
+    NoMemory,
+}
+
+impl Kill {
+    /// The reason as bytes (no NUL).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match self {
+            Kill::Reason(s) => s.to_bytes(),
+            Kill::NoMemory => b"killed (out of memory while formatting the reason)",
+        }
+    }
+}
+
+/// Builds a kill reason.
+macro_rules! kill {
+    ($($arg:tt)*) => {
+        Err(CString::try_from_fmt(fmt!($($arg)*)).map_or(Kill::NoMemory, Kill::Reason))
+    };
+}
+pub(crate) use kill;
+
+/// The name of a hypercall, for messages.
+fn name(nr: u64) -> &'static str {
+    match nr {
+        uapi::LHCALL_FLUSH_ASYNC => "FLUSH_ASYNC",
+        uapi::LHCALL_LGUEST_INIT => "LGUEST_INIT",
+        uapi::LHCALL_SHUTDOWN => "SHUTDOWN",
+        uapi::LHCALL_NEW_PGTABLE => "NEW_PGTABLE",
+        uapi::LHCALL_FLUSH_TLB => "FLUSH_TLB",
+        uapi::LHCALL_LOAD_IDT_ENTRY => "LOAD_IDT_ENTRY",
+        uapi::LHCALL_SET_STACK => "SET_STACK",
+        uapi::LHCALL_TS => "TS",
+        uapi::LHCALL_SET_CLOCKEVENT => "SET_CLOCKEVENT",
+        uapi::LHCALL_HALT => "HALT",
+        uapi::LHCALL_SET_PMD => "SET_PMD",
+        uapi::LHCALL_SET_PTE => "SET_PTE",
+        uapi::LHCALL_SET_PGD => "SET_PGD",
+        uapi::LHCALL_LOAD_TLS => "LOAD_TLS",
+        uapi::LHCALL_NOTIFY => "NOTIFY",
+        uapi::LHCALL_LOAD_GDT_ENTRY => "LOAD_GDT_ENTRY",
+        uapi::LHCALL_SEND_INTERRUPTS => "SEND_INTERRUPTS",
+        _ => "unknown",
+    }
+}
+
+/// Handles the hypercall vCPU `index` just made: first the async ring, then
+/// the call in its registers. `Ok(Some(..))` means the launcher must act.
+pub(crate) fn do_hypercalls(vm: &mut Vm, index: usize) -> Result<Option<UserExit>, Kill> {
+    let regs = vm.vcpus[index].cpu.regs;
+    vm.vcpus[index].stat_hypercalls += 1;
+    run_async_ring(vm, index)?;
+    let args = HcallArgs { arg0: regs.rax, arg1: regs.rdi, arg2: regs.rsi, arg3: regs.rdx, arg4: regs.r10 };
+    let exit = dispatch(vm, index, &args, false)?;
+    vm.vcpus[index].cpu.regs.rax = 0;
+    Ok(exit)
+}
+
+/// Runs the queued entries of the async ring, in order, from where the last
+/// run stopped.
+fn run_async_ring(vm: &mut Vm, index: usize) -> Result<(), Kill> {
+    let Some(ld) = vm.vcpus[index].lguest_data else {
+        return Ok(());
+    };
+    for _ in 0..uapi::LHCALL_RING_SIZE {
+        let n = vm.vcpus[index].next_hcall;
+        let status_at = ld + (offset_of!(LguestData, hcall_status) + n) as u64;
+        let mut status = [0u8; 1];
+        if vm.read_guest(status_at, &mut status).is_err() {
+            return kill!("lguest_data at {ld:#x} is no longer readable");
+        }
+        if status[0] != 0 {
+            break;
+        }
+        let mut raw = [0u8; core::mem::size_of::<HcallArgs>()];
+        let args_at = ld + (offset_of!(LguestData, hcalls) + n * raw.len()) as u64;
+        if vm.read_guest(args_at, &mut raw).is_err() {
+            return kill!("lguest_data at {ld:#x} is no longer readable");
+        }
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&raw[8 * i..8 * i + 8]);
+            u64::from_le_bytes(w)
+        };
+        let args = HcallArgs { arg0: word(0), arg1: word(1), arg2: word(2), arg3: word(3), arg4: word(4) };
+        dispatch(vm, index, &args, true)?;
+        if vm.write_guest(status_at, &[uapi::LHCALL_STATUS_DONE]).is_err() {
+            return kill!("lguest_data at {ld:#x} is no longer writable");
+        }
+        vm.vcpus[index].next_hcall = (n + 1) % uapi::LHCALL_RING_SIZE;
+    }
+    Ok(())
+}
+
+/// Performs one hypercall. `in_ring`: it came from the async ring, where
+/// calls that need the launcher are not allowed.
+fn dispatch(vm: &mut Vm, index: usize, a: &HcallArgs, in_ring: bool) -> Result<Option<UserExit>, Kill> {
+    let nr = a.arg0;
+    if vm.vcpus[index].lguest_data.is_none() && nr != uapi::LHCALL_LGUEST_INIT {
+        return kill!("hypercall {nr} ({}) before LGUEST_INIT", name(nr));
+    }
+    let needs_launcher = matches!(nr, uapi::LHCALL_SHUTDOWN | uapi::LHCALL_NOTIFY | uapi::LHCALL_HALT);
+    if in_ring && needs_launcher {
+        return kill!("hypercall {} is not allowed in the async ring", name(nr));
+    }
+    match nr {
+        uapi::LHCALL_FLUSH_ASYNC | uapi::LHCALL_SEND_INTERRUPTS => Ok(None),
+        uapi::LHCALL_LGUEST_INIT => init(vm, index, a.arg1).map(|()| None),
+        uapi::LHCALL_SHUTDOWN => shutdown(vm, a.arg1, a.arg2).map(Some),
+        uapi::LHCALL_NOTIFY => Ok(Some(UserExit::Notify { addr: a.arg1, arg: a.arg2 })),
+        // No interrupt source exists yet that could end a halt.
+        uapi::LHCALL_HALT => Ok(Some(UserExit::Halt)),
+        uapi::LHCALL_NEW_PGTABLE
+        | uapi::LHCALL_FLUSH_TLB
+        | uapi::LHCALL_LOAD_IDT_ENTRY
+        | uapi::LHCALL_SET_STACK
+        | uapi::LHCALL_TS
+        | uapi::LHCALL_SET_CLOCKEVENT
+        | uapi::LHCALL_SET_PMD
+        | uapi::LHCALL_SET_PTE
+        | uapi::LHCALL_SET_PGD
+        | uapi::LHCALL_LOAD_TLS
+        | uapi::LHCALL_LOAD_GDT_ENTRY => kill!("hypercall {} is not supported by this host yet", name(nr)),
+        _ => kill!("bad hypercall {nr}"),
+    }
+}
+
+/// `LHCALL_LGUEST_INIT(gpa)`: the guest registers its `lguest_data`.
+fn init(vm: &mut Vm, index: usize, gpa: u64) -> Result<(), Kill> {
+    if vm.vcpus[index].lguest_data.is_some() {
+        return kill!("LGUEST_INIT called twice");
+    }
+    let size = core::mem::size_of::<LguestData>() as u64;
+    if gpa % 8 != 0 || gpa.checked_add(size).map_or(true, |end| end > vm.mem.size()) {
+        return kill!("bad lguest_data address {gpa:#x}");
+    }
+    // The guest must stay in the lower half: the switcher is in the upper.
+    let reserve_mem: u64 = 1 << 47;
+    // SAFETY: Reads variables set up at boot.
+    let tsc_khz = unsafe { if bindings::check_tsc_unstable() == 0 { bindings::tsc_khz } else { 0 } };
+    let put = |off: usize, bytes: &[u8]| vm.write_guest(gpa + off as u64, bytes);
+    let ok = put(offset_of!(LguestData, reserve_mem), &reserve_mem.to_le_bytes()).is_ok()
+        && put(offset_of!(LguestData, tsc_khz), &tsc_khz.to_le_bytes()).is_ok()
+        && write_time(vm, gpa).is_ok();
+    if !ok {
+        return kill!("cannot write lguest_data at {gpa:#x}");
+    }
+    vm.vcpus[index].lguest_data = Some(gpa);
+    Ok(())
+}
+
+/// Writes the wall-clock time into `lguest_data` at `gpa`.
+fn write_time(vm: &Vm, gpa: u64) -> Result {
+    let mut ts = bindings::timespec64 { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec64 to fill in.
+    unsafe { bindings::ktime_get_real_ts64(&mut ts) };
+    let mut t = [0u8; 16];
+    t[..8].copy_from_slice(&(ts.tv_sec as u64).to_le_bytes());
+    t[8..].copy_from_slice(&(ts.tv_nsec as u64).to_le_bytes());
+    vm.write_guest(gpa + offset_of!(LguestData, time) as u64, &t)
+}
+
+/// `LHCALL_SHUTDOWN(message gpa, reason)`.
+fn shutdown(vm: &Vm, msg: u64, reason: u64) -> Result<UserExit, Kill> {
+    if !matches!(
+        reason,
+        uapi::LGUEST_SHUTDOWN_POWEROFF | uapi::LGUEST_SHUTDOWN_RESTART | uapi::LGUEST_SHUTDOWN_CRASH
+    ) {
+        return kill!("bad shutdown reason {reason}");
+    }
+    if msg >= vm.mem.size() {
+        return kill!("shutdown message address {msg:#x} is outside guest memory");
+    }
+    let len = core::cmp::min(uapi::LGUEST_MESSAGE_LEN as u64 - 1, vm.mem.size() - msg) as usize;
+    let mut buf = [0u8; uapi::LGUEST_MESSAGE_LEN];
+    if vm.read_guest(msg, &mut buf[..len]).is_err() {
+        return kill!("cannot read the shutdown message at {msg:#x}");
+    }
+    let end = buf[..len].iter().position(|&b| b == 0).unwrap_or(len);
+    let mut message = KVec::new();
+    if message.extend_from_slice(&buf[..end], GFP_KERNEL).is_err() {
+        return kill!("out of memory");
+    }
+    Ok(UserExit::Shutdown { reason, message })
+}

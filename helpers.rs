@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Thin wrappers around the C helpers (`lg_helpers.c`) and the switcher's
+//! entry points (`switcher_64.S`).
+//!
+//! The C side only exposes kernel static inlines and macros; each Rust
+//! wrapper here is safe where the operation is safe in any context, and
+//! `unsafe` with a `# Safety` section where it is not.
+
+use kernel::bindings;
+
+mod ffi {
+    extern "C" {
+        pub(super) fn lg_irq_save() -> usize;
+        pub(super) fn lg_irq_restore(flags: usize);
+        pub(super) fn lg_page_to_phys(page: *mut core::ffi::c_void) -> usize;
+        pub(super) fn lg_page_address(page: *mut core::ffi::c_void) -> *mut u8;
+        pub(super) fn lg_gdt_rw(cpu: u32) -> usize;
+        pub(super) fn lg_signal_pending() -> i32;
+        pub(super) fn lg_cond_resched();
+        pub(super) fn lg_try_to_freeze() -> bool;
+        pub(super) fn lg_read_cr4() -> usize;
+        pub(super) fn lg_read_cr3() -> usize;
+        pub(super) fn lg_read_efer() -> usize;
+        pub(super) fn lg_cpu_id() -> u32;
+        pub(super) fn lg_page_offset_base() -> usize;
+        pub(super) fn lguest_switch_to_guest(block: *mut u8);
+        pub(super) fn lguest_deliver_to_host(handler: usize);
+        pub(super) static lguest_switcher_start: u8;
+        pub(super) static lguest_switcher_end: u8;
+        pub(super) static lguest_idt_stubs: u8;
+    }
+}
+
+/// Local interrupts disabled; restored to their previous state on drop.
+pub(crate) struct IrqGuard(usize);
+
+impl IrqGuard {
+    /// Disables local interrupts (and so preemption) until the guard drops.
+    pub(crate) fn new() -> Self {
+        // SAFETY: local_irq_save() may be called in any context.
+        IrqGuard(unsafe { ffi::lg_irq_save() })
+    }
+}
+
+impl Drop for IrqGuard {
+    fn drop(&mut self) {
+        // SAFETY: The flags come from the matching lg_irq_save().
+        unsafe { ffi::lg_irq_restore(self.0) };
+    }
+}
+
+/// Physical address of `page`.
+///
+/// # Safety
+///
+/// `page` must point to a valid `struct page`.
+pub(crate) unsafe fn page_to_phys(page: *mut bindings::page) -> u64 {
+    // SAFETY: The caller guarantees `page` is valid; page_to_phys only does
+    // arithmetic on it.
+    unsafe { ffi::lg_page_to_phys(page.cast()) as u64 }
+}
+
+/// Kernel (direct map) address of `page`; x86-64 has no highmem.
+///
+/// # Safety
+///
+/// `page` must point to a valid `struct page`.
+pub(crate) unsafe fn page_address(page: *mut bindings::page) -> *mut u8 {
+    // SAFETY: As above.
+    unsafe { ffi::lg_page_address(page.cast()) }
+}
+
+/// Address of the writable alias of `cpu`'s GDT.
+pub(crate) fn gdt_rw(cpu: u32) -> usize {
+    // SAFETY: get_cpu_gdt_rw() is per-cpu address arithmetic, valid for any
+    // possible CPU; callers pass CPU ids below nr_cpu_ids.
+    unsafe { ffi::lg_gdt_rw(cpu) }
+}
+
+/// Whether the current task has a signal pending.
+pub(crate) fn signal_pending() -> bool {
+    // SAFETY: signal_pending(current) may be called from process context.
+    unsafe { ffi::lg_signal_pending() != 0 }
+}
+
+/// Gives the scheduler a chance to run something else.
+pub(crate) fn cond_resched() {
+    // SAFETY: Called from process context with no locks held by the caller
+    // that would forbid sleeping (the run loop's callers guarantee it).
+    unsafe { ffi::lg_cond_resched() }
+}
+
+/// Enters the refrigerator if the system or cgroup is freezing.
+pub(crate) fn try_to_freeze() -> bool {
+    // SAFETY: As for cond_resched(): process context, may sleep.
+    unsafe { ffi::lg_try_to_freeze() }
+}
+
+/// The current CPU's CR4.
+pub(crate) fn read_cr4() -> u64 {
+    // SAFETY: Reading CR4 has no side effects.
+    unsafe { ffi::lg_read_cr4() as u64 }
+}
+
+/// The current CPU's CR3.
+pub(crate) fn read_cr3() -> u64 {
+    // SAFETY: Reading CR3 has no side effects.
+    unsafe { ffi::lg_read_cr3() as u64 }
+}
+
+/// The current CPU's EFER.
+pub(crate) fn read_efer() -> u64 {
+    // SAFETY: EFER exists on every x86-64 CPU; reading it has no effects.
+    unsafe { ffi::lg_read_efer() as u64 }
+}
+
+/// The id of the CPU we run on (stable only with interrupts off).
+pub(crate) fn cpu_id() -> u32 {
+    // SAFETY: raw_smp_processor_id() may be called in any context.
+    unsafe { ffi::lg_cpu_id() }
+}
+
+/// Start of the kernel's direct map of physical memory.
+pub(crate) fn page_offset_base() -> u64 {
+    // SAFETY: Reads a variable set once at boot.
+    unsafe { ffi::lg_page_offset_base() as u64 }
+}
+
+/// Runs the guest prepared in `block` until it exits.
+///
+/// # Safety
+///
+/// Interrupts must be off; `block` must be this CPU's switcher block, fully
+/// set up, with a guest CR3 that maps the switcher text and this block at
+/// their host addresses.
+pub(crate) unsafe fn switch_to_guest(block: *mut u8) {
+    // SAFETY: The caller guarantees the preconditions of the switcher.
+    unsafe { ffi::lguest_switch_to_guest(block) }
+}
+
+/// Runs the host interrupt handler at `handler` as if the interrupt had just
+/// arrived.
+///
+/// # Safety
+///
+/// Interrupts must be off and `handler` must be the host IDT's handler for
+/// an interrupt that this CPU received and has not yet handled.
+pub(crate) unsafe fn deliver_to_host(handler: usize) {
+    // SAFETY: The caller guarantees the preconditions.
+    unsafe { ffi::lguest_deliver_to_host(handler) }
+}
+
+/// The switcher's text: `(start, end)` host addresses, page aligned.
+pub(crate) fn switcher_text() -> (usize, usize) {
+    (
+        core::ptr::addr_of!(ffi::lguest_switcher_start) as usize,
+        core::ptr::addr_of!(ffi::lguest_switcher_end) as usize,
+    )
+}
+
+/// Host address of the IDT stub for vector 0 (stubs are 32 bytes apart).
+pub(crate) fn idt_stubs() -> usize {
+    core::ptr::addr_of!(ffi::lguest_idt_stubs) as usize
+}

@@ -1,0 +1,757 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The guest ELF loader: checks a static x86-64 executable against guest
+//! memory and copies its `PT_LOAD` segments to their guest-physical
+//! addresses.
+//!
+//! `goblin` parses the ELF header and the program headers; every rule the
+//! guest must follow is checked here, before a single byte is copied, so a
+//! rejected image leaves guest memory untouched. Accepted: ELF64,
+//! little-endian, x86-64, `ET_EXEC`, at least one `PT_LOAD`, no `PT_INTERP`
+//! or `PT_DYNAMIC` (the guest is not a static executable otherwise); other
+//! program headers (`PT_GNU_STACK`, `PT_NOTE`, ...) are ignored. Each
+//! `PT_LOAD` needs `p_filesz <= p_memsz`, a file range inside the file, and a
+//! guest-physical range `[p_paddr, p_paddr + p_memsz)` at or above
+//! [`abi::LGUEST_LOAD_MIN`] and below the last page of RAM (the command
+//! line's), overlapping no other segment; no sum may overflow. The entry point
+//! must lie inside an executable (`PF_X`) segment's guest-physical range: the
+//! guest starts with virtual = physical. Every error names the file and the
+//! segment (by its index in the program header table).
+
+use std::fmt;
+use std::path::Path;
+
+use goblin::container::{Container, Ctx, Endian};
+use goblin::elf::header::{self, EM_X86_64, ET_EXEC};
+use goblin::elf::program_header::{self, PF_X, PT_DYNAMIC, PT_INTERP, PT_LOAD};
+use goblin::elf::{Elf, ProgramHeader};
+use lguest_abi as abi;
+
+use crate::memory::{GuestMemory, MemoryError, Size, PAGE_SIZE};
+
+/// The size of an ELF64 header.
+const EHDR_SIZE: usize = 64;
+/// The size of an ELF64 program header.
+const PHDR_SIZE: usize = 56;
+
+/// A guest image that failed to load: which file, and what is wrong with it.
+///
+/// It prints as "FILE: PROBLEM"; its `source()` is the problem's cause (an
+/// I/O error, say), so anyhow's `{:#}` shows each part once.
+#[derive(Debug)]
+pub struct LoadError {
+    /// The file, as the user named it.
+    pub file: String,
+    /// What is wrong.
+    pub problem: Problem,
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.file, self.problem)
+    }
+}
+
+impl std::error::Error for LoadError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.problem)
+    }
+}
+
+/// A half-open guest-physical or file range, printed as `[0x..-0x..)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Range {
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte.
+    pub end: u64,
+}
+
+impl fmt::Display for Range {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{:#x}-{:#x})", self.start, self.end)
+    }
+}
+
+/// What is wrong with a guest image.
+#[derive(Debug, thiserror::Error)]
+pub enum Problem {
+    /// The file could not be read.
+    #[error("cannot read the file")]
+    Read(#[source] std::io::Error),
+    /// The file is empty.
+    #[error("the file is empty")]
+    Empty,
+    /// The file does not start with the ELF magic.
+    #[error("not an ELF file")]
+    NotElf,
+    /// The file ends before something it describes.
+    #[error("truncated: {what} {range} lies past the end of the file ({len} bytes)")]
+    Truncated {
+        /// What is cut off.
+        what: &'static str,
+        /// Its file range.
+        range: Range,
+        /// The file's length.
+        len: u64,
+    },
+    /// Not ELF64.
+    #[error("not a 64-bit ELF file (EI_CLASS {0})")]
+    Class(u8),
+    /// Not little-endian.
+    #[error("not a little-endian ELF file (EI_DATA {0})")]
+    Endian(u8),
+    /// An ELF version other than 1.
+    #[error("unknown ELF version {0}")]
+    Version(u32),
+    /// Not x86-64.
+    #[error("built for machine {machine} ({name}), not x86-64")]
+    Machine {
+        /// `e_machine`.
+        machine: u16,
+        /// Its name.
+        name: &'static str,
+    },
+    /// Not `ET_EXEC`.
+    #[error("ELF type {ty} ({name}) is not an executable (ET_EXEC); link the guest static and non-PIE")]
+    Type {
+        /// `e_type`.
+        ty: u16,
+        /// Its name.
+        name: &'static str,
+    },
+    /// `e_phentsize` is not the ELF64 program header size.
+    #[error("program header entries are {0} bytes, not 56")]
+    PhentSize(u16),
+    /// goblin refused the headers.
+    #[error("bad ELF headers: {0}")]
+    Parse(String),
+    /// A `PT_INTERP` or `PT_DYNAMIC` program header.
+    #[error("not a static executable: segment {index} is {kind}")]
+    NotStatic {
+        /// Program header index.
+        index: usize,
+        /// `PT_INTERP` or `PT_DYNAMIC`.
+        kind: &'static str,
+    },
+    /// No `PT_LOAD` program header.
+    #[error("no PT_LOAD segment: nothing to load")]
+    NoLoad,
+    /// `p_filesz > p_memsz`.
+    #[error("segment {index}: p_filesz {filesz:#x} is larger than p_memsz {memsz:#x}")]
+    FileszOverMemsz {
+        /// Program header index.
+        index: usize,
+        /// `p_filesz`.
+        filesz: u64,
+        /// `p_memsz`.
+        memsz: u64,
+    },
+    /// A start plus a size overflows.
+    #[error("segment {index}: {start_name} {start:#x} + {size_name} {size:#x} overflows")]
+    Overflow {
+        /// Program header index.
+        index: usize,
+        /// `p_paddr` or `p_offset`.
+        start_name: &'static str,
+        /// Its value.
+        start: u64,
+        /// `p_memsz` or `p_filesz`.
+        size_name: &'static str,
+        /// Its value.
+        size: u64,
+    },
+    /// A segment's bytes are not all in the file.
+    #[error("segment {index}: file range {range} lies past the end of the file ({len} bytes)")]
+    FileRange {
+        /// Program header index.
+        index: usize,
+        /// `[p_offset, p_offset + p_filesz)`.
+        range: Range,
+        /// The file's length.
+        len: u64,
+    },
+    /// A segment starts below `LGUEST_LOAD_MIN`.
+    #[error("segment {index} {range} starts below {min:#x} (the first 1 MiB of the guest stays unmapped)")]
+    BelowLoadMin {
+        /// Program header index.
+        index: usize,
+        /// Its guest-physical range.
+        range: Range,
+        /// `LGUEST_LOAD_MIN`.
+        min: u64,
+    },
+    /// A segment does not fit in guest RAM below the command-line page.
+    #[error("segment {index} {range} lies outside guest memory ({mem}; its last page holds the command line)")]
+    OutsideMemory {
+        /// Program header index.
+        index: usize,
+        /// Its guest-physical range.
+        range: Range,
+        /// Guest RAM size.
+        mem: Size,
+    },
+    /// Two segments overlap in guest-physical memory.
+    #[error("segments {a} {a_range} and {b} {b_range} overlap")]
+    Overlap {
+        /// One program header index.
+        a: usize,
+        /// Its range.
+        a_range: Range,
+        /// The other program header index.
+        b: usize,
+        /// Its range.
+        b_range: Range,
+    },
+    /// The entry point is not in an executable segment.
+    #[error("entry point {0:#x} is not inside an executable (PF_X) segment")]
+    EntryNotExecutable(u64),
+    /// Copying into guest memory failed (should not happen after the checks).
+    #[error("copying into guest memory")]
+    Memory(#[source] MemoryError),
+}
+
+/// One `PT_LOAD` segment that passed the checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// Its index in the program header table.
+    pub index: usize,
+    /// Guest-physical load address.
+    pub paddr: u64,
+    /// Bytes in memory.
+    pub memsz: u64,
+    /// Bytes in the file (the rest is zero-filled).
+    pub filesz: u64,
+    /// File offset of its bytes.
+    pub offset: u64,
+    /// `PF_*` flags.
+    pub flags: u32,
+}
+
+impl Segment {
+    /// Its guest-physical range.
+    pub fn range(&self) -> Range {
+        // Cannot overflow: checked when the segment was accepted.
+        Range { start: self.paddr, end: self.paddr + self.memsz }
+    }
+}
+
+/// A checked guest image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Image {
+    /// The entry point (guest-physical = guest-virtual at boot).
+    pub entry: u64,
+    /// The `PT_LOAD` segments, in program header order.
+    pub segments: Vec<Segment>,
+}
+
+/// Reads the guest at `path`, checks it, and loads it into `mem`.
+pub fn load_file(path: &Path, mem: &GuestMemory) -> Result<Image, LoadError> {
+    let file = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| LoadError { file: file.clone(), problem: Problem::Read(e) })?;
+    load(&file, &bytes, mem)
+}
+
+/// Checks the ELF image `bytes` (called `file` in errors) and loads it into
+/// `mem`. Nothing is written unless every check passes.
+pub fn load(file: &str, bytes: &[u8], mem: &GuestMemory) -> Result<Image, LoadError> {
+    let fail = |problem| LoadError { file: file.to_owned(), problem };
+    let image = check(bytes, mem.mem_size()).map_err(fail)?;
+    for seg in &image.segments {
+        copy_segment(bytes, seg, mem).map_err(fail)?;
+    }
+    Ok(image)
+}
+
+/// Copies one checked segment: its file bytes, then zeroes up to `p_memsz`.
+fn copy_segment(bytes: &[u8], seg: &Segment, mem: &GuestMemory) -> Result<(), Problem> {
+    // `check` proved the file range is inside `bytes`; stay defensive anyway.
+    let range = Range { start: seg.offset, end: seg.offset.saturating_add(seg.filesz) };
+    let data = usize::try_from(range.start)
+        .ok()
+        .zip(usize::try_from(range.end).ok())
+        .and_then(|(start, end)| bytes.get(start..end))
+        .ok_or(Problem::FileRange { index: seg.index, range, len: len64(bytes) })?;
+    mem.write(seg.paddr, data).map_err(Problem::Memory)?;
+    mem.zero(seg.paddr + seg.filesz, seg.memsz - seg.filesz).map_err(Problem::Memory)
+}
+
+/// The length of a byte slice as u64.
+fn len64(bytes: &[u8]) -> u64 {
+    // CAST: usize is at most 64 bits on every supported host.
+    bytes.len() as u64
+}
+
+/// Checks the ELF header of `bytes` and returns it.
+fn check_header(bytes: &[u8]) -> Result<header::Header, Problem> {
+    if bytes.is_empty() {
+        return Err(Problem::Empty);
+    }
+    let magic_len = bytes.len().min(header::SELFMAG);
+    if bytes[..magic_len] != header::ELFMAG[..magic_len] {
+        return Err(Problem::NotElf);
+    }
+    if bytes.len() < EHDR_SIZE {
+        return Err(Problem::Truncated {
+            what: "the ELF header",
+            range: Range { start: 0, end: EHDR_SIZE as u64 },
+            len: len64(bytes),
+        });
+    }
+    let class = bytes[header::EI_CLASS];
+    if class != header::ELFCLASS64 {
+        return Err(Problem::Class(class));
+    }
+    let data = bytes[header::EI_DATA];
+    if data != header::ELFDATA2LSB {
+        return Err(Problem::Endian(data));
+    }
+    if bytes[header::EI_VERSION] != header::EV_CURRENT {
+        return Err(Problem::Version(u32::from(bytes[header::EI_VERSION])));
+    }
+    let hdr = Elf::parse_header(bytes).map_err(|e| Problem::Parse(e.to_string()))?;
+    if hdr.e_version != u32::from(header::EV_CURRENT) {
+        return Err(Problem::Version(hdr.e_version));
+    }
+    if hdr.e_machine != EM_X86_64 {
+        return Err(Problem::Machine { machine: hdr.e_machine, name: header::machine_to_str(hdr.e_machine) });
+    }
+    if hdr.e_type != ET_EXEC {
+        return Err(Problem::Type { ty: hdr.e_type, name: header::et_to_str(hdr.e_type) });
+    }
+    Ok(hdr)
+}
+
+/// Checks one `PT_LOAD` header against the file and guest memory.
+fn check_segment(index: usize, ph: &ProgramHeader, file_len: u64, mem_size: u64) -> Result<Segment, Problem> {
+    let seg = Segment {
+        index,
+        paddr: ph.p_paddr,
+        memsz: ph.p_memsz,
+        filesz: ph.p_filesz,
+        offset: ph.p_offset,
+        flags: ph.p_flags,
+    };
+    if seg.filesz > seg.memsz {
+        return Err(Problem::FileszOverMemsz { index, filesz: seg.filesz, memsz: seg.memsz });
+    }
+    let end = seg.paddr.checked_add(seg.memsz).ok_or(Problem::Overflow {
+        index,
+        start_name: "p_paddr",
+        start: seg.paddr,
+        size_name: "p_memsz",
+        size: seg.memsz,
+    })?;
+    let file_end = seg.offset.checked_add(seg.filesz).ok_or(Problem::Overflow {
+        index,
+        start_name: "p_offset",
+        start: seg.offset,
+        size_name: "p_filesz",
+        size: seg.filesz,
+    })?;
+    if file_end > file_len {
+        return Err(Problem::FileRange { index, range: Range { start: seg.offset, end: file_end }, len: file_len });
+    }
+    let range = Range { start: seg.paddr, end };
+    if seg.paddr < abi::LGUEST_LOAD_MIN {
+        return Err(Problem::BelowLoadMin { index, range, min: abi::LGUEST_LOAD_MIN });
+    }
+    if end > mem_size.saturating_sub(PAGE_SIZE) {
+        return Err(Problem::OutsideMemory { index, range, mem: Size(mem_size) });
+    }
+    Ok(seg)
+}
+
+/// Checks the image `bytes` for a guest with `mem_size` bytes of RAM,
+/// without touching guest memory.
+pub fn check(bytes: &[u8], mem_size: u64) -> Result<Image, Problem> {
+    let hdr = check_header(bytes)?;
+    let file_len = len64(bytes);
+    if usize::from(hdr.e_phentsize) != PHDR_SIZE {
+        return Err(Problem::PhentSize(hdr.e_phentsize));
+    }
+    // The table's size is at most 65535 * 56, so only the offset can overflow.
+    let table_len = u64::from(hdr.e_phnum) * PHDR_SIZE as u64;
+    let table = Range { start: hdr.e_phoff, end: hdr.e_phoff.saturating_add(table_len) };
+    if hdr.e_phoff.checked_add(table_len).is_none_or(|end| end > file_len) {
+        return Err(Problem::Truncated { what: "the program header table", range: table, len: file_len });
+    }
+    let phoff = usize::try_from(hdr.e_phoff).map_err(|e| Problem::Parse(e.to_string()))?;
+    let ctx = Ctx::new(Container::Big, Endian::Little);
+    let phdrs =
+        ProgramHeader::parse(bytes, phoff, usize::from(hdr.e_phnum), ctx).map_err(|e| Problem::Parse(e.to_string()))?;
+
+    for (index, ph) in phdrs.iter().enumerate() {
+        if ph.p_type == PT_INTERP || ph.p_type == PT_DYNAMIC {
+            return Err(Problem::NotStatic { index, kind: program_header::pt_to_str(ph.p_type) });
+        }
+    }
+    let mut segments = Vec::new();
+    for (index, ph) in phdrs.iter().enumerate().filter(|(_, ph)| ph.p_type == PT_LOAD) {
+        segments.push(check_segment(index, ph, file_len, mem_size)?);
+    }
+    if segments.is_empty() {
+        return Err(Problem::NoLoad);
+    }
+
+    // Overlaps: sort by start; empty segments occupy nothing.
+    let mut sorted: Vec<&Segment> = segments.iter().filter(|s| s.memsz != 0).collect();
+    sorted.sort_by_key(|s| (s.paddr, s.index));
+    for pair in sorted.windows(2) {
+        if let [a, b] = pair {
+            if b.paddr < a.range().end {
+                let (a, b) = if a.index < b.index { (a, b) } else { (b, a) };
+                return Err(Problem::Overlap { a: a.index, a_range: a.range(), b: b.index, b_range: b.range() });
+            }
+        }
+    }
+
+    let entry = hdr.e_entry;
+    let runnable = segments.iter().any(|s| s.flags & PF_X != 0 && s.paddr <= entry && entry < s.range().end);
+    if !runnable {
+        return Err(Problem::EntryNotExecutable(entry));
+    }
+    Ok(Image { entry, segments })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use goblin::elf::program_header::{PF_R, PF_W, PT_GNU_STACK, PT_NOTE};
+
+    use super::*;
+
+    const MEM: u64 = 64 << 20;
+
+    /// One program header of a test image.
+    #[derive(Clone, Copy, Debug)]
+    pub(crate) struct Ph {
+        pub ty: u32,
+        pub flags: u32,
+        pub offset: u64,
+        pub paddr: u64,
+        pub filesz: u64,
+        pub memsz: u64,
+    }
+
+    impl Ph {
+        pub fn load(flags: u32, offset: u64, paddr: u64, filesz: u64, memsz: u64) -> Self {
+            Self { ty: PT_LOAD, flags, offset, paddr, filesz, memsz }
+        }
+    }
+
+    /// A hand-laid ELF64 image: header fields that tests may spoil.
+    #[derive(Clone, Debug)]
+    pub(crate) struct ElfImage {
+        pub class: u8,
+        pub data: u8,
+        pub ty: u16,
+        pub machine: u16,
+        pub entry: u64,
+        pub phentsize: u16,
+        pub phdrs: Vec<Ph>,
+        /// (file offset, bytes) to place after the headers.
+        pub payload: Vec<(u64, Vec<u8>)>,
+    }
+
+    impl ElfImage {
+        /// A valid x86-64 ET_EXEC image with no program headers.
+        pub fn new(entry: u64) -> Self {
+            Self {
+                class: header::ELFCLASS64,
+                data: header::ELFDATA2LSB,
+                ty: ET_EXEC,
+                machine: EM_X86_64,
+                entry,
+                phentsize: PHDR_SIZE as u16,
+                phdrs: Vec::new(),
+                payload: Vec::new(),
+            }
+        }
+
+        /// Lays the image out: header at 0, program headers at 64, payload
+        /// where it says.
+        pub fn build(&self) -> Vec<u8> {
+            let mut out = Vec::new();
+            out.extend_from_slice(header::ELFMAG);
+            out.extend_from_slice(&[self.class, self.data, header::EV_CURRENT, 0]);
+            out.resize(16, 0);
+            out.extend_from_slice(&self.ty.to_le_bytes());
+            out.extend_from_slice(&self.machine.to_le_bytes());
+            out.extend_from_slice(&1u32.to_le_bytes()); // e_version
+            out.extend_from_slice(&self.entry.to_le_bytes());
+            out.extend_from_slice(&(EHDR_SIZE as u64).to_le_bytes()); // e_phoff
+            out.extend_from_slice(&0u64.to_le_bytes()); // e_shoff
+            out.extend_from_slice(&0u32.to_le_bytes()); // e_flags
+            out.extend_from_slice(&(EHDR_SIZE as u16).to_le_bytes()); // e_ehsize
+            out.extend_from_slice(&self.phentsize.to_le_bytes());
+            out.extend_from_slice(&(self.phdrs.len() as u16).to_le_bytes());
+            out.extend_from_slice(&64u16.to_le_bytes()); // e_shentsize
+            out.extend_from_slice(&0u16.to_le_bytes()); // e_shnum
+            out.extend_from_slice(&0u16.to_le_bytes()); // e_shstrndx
+            assert_eq!(out.len(), EHDR_SIZE);
+            for ph in &self.phdrs {
+                out.extend_from_slice(&ph.ty.to_le_bytes());
+                out.extend_from_slice(&ph.flags.to_le_bytes());
+                out.extend_from_slice(&ph.offset.to_le_bytes());
+                out.extend_from_slice(&ph.paddr.to_le_bytes()); // p_vaddr
+                out.extend_from_slice(&ph.paddr.to_le_bytes());
+                out.extend_from_slice(&ph.filesz.to_le_bytes());
+                out.extend_from_slice(&ph.memsz.to_le_bytes());
+                out.extend_from_slice(&0x1000u64.to_le_bytes()); // p_align
+            }
+            for (offset, bytes) in &self.payload {
+                let start = *offset as usize;
+                if out.len() < start + bytes.len() {
+                    out.resize(start + bytes.len(), 0);
+                }
+                out[start..start + bytes.len()].copy_from_slice(bytes);
+            }
+            out
+        }
+    }
+
+    /// A typical guest: text at 1 MiB, data + bss at 2 MiB, a GNU_STACK and
+    /// a note that must be ignored.
+    pub(crate) fn guest_image() -> ElfImage {
+        let mut img = ElfImage::new(0x10_0010);
+        img.phdrs = vec![
+            Ph::load(PF_R | PF_X, 0x1000, 0x10_0000, 0x20, 0x20),
+            Ph::load(PF_R | PF_W, 0x2000, 0x20_0000, 0x10, 0x3000),
+            Ph { ty: PT_GNU_STACK, flags: PF_R | PF_W, offset: 0, paddr: 0, filesz: 0, memsz: 0 },
+            Ph { ty: PT_NOTE, flags: PF_R, offset: 0x1000, paddr: 0, filesz: 4, memsz: 4 },
+        ];
+        img.payload = vec![(0x1000, (0..0x20).collect()), (0x2000, vec![0x55; 0x10])];
+        img
+    }
+
+    fn problem(img: &ElfImage) -> Problem {
+        check(&img.build(), MEM).expect_err("image must be rejected")
+    }
+
+    fn memory() -> GuestMemory {
+        GuestMemory::new(MEM, 1).expect("guest memory")
+    }
+
+    #[test]
+    fn valid_image_loads() {
+        let mem = memory();
+        // Dirty the bss first: the loader must zero it, not trust the mapping.
+        mem.write(0x20_0000, &[0xEE; 0x4000]).expect("dirty");
+        let image = load("guest.elf", &guest_image().build(), &mem).expect("valid image");
+        assert_eq!(image.entry, 0x10_0010);
+        assert_eq!(image.segments.len(), 2);
+        assert_eq!(image.segments[1].index, 1);
+        let mut text = [0u8; 0x20];
+        mem.read(0x10_0000, &mut text).expect("read text");
+        assert_eq!(text.to_vec(), (0..0x20).collect::<Vec<u8>>());
+        let mut data = vec![0u8; 0x4000];
+        mem.read(0x20_0000, &mut data).expect("read data");
+        assert!(data[..0x10].iter().all(|&b| b == 0x55), "file bytes");
+        assert!(data[0x10..0x3000].iter().all(|&b| b == 0), "bss zeroed");
+        assert!(data[0x3000..].iter().all(|&b| b == 0xEE), "nothing past memsz touched");
+    }
+
+    #[test]
+    fn rejected_image_touches_nothing() {
+        let mem = memory();
+        let mut img = guest_image();
+        img.entry = 0x20_0000; // in the data segment
+        let err = load("guest.elf", &img.build(), &mem).expect_err("bad entry");
+        assert!(matches!(err.problem, Problem::EntryNotExecutable(0x20_0000)), "{err}");
+        let mut text = [0xFFu8; 0x20];
+        mem.read(0x10_0000, &mut text).expect("read");
+        assert_eq!(text, [0; 0x20]);
+    }
+
+    #[test]
+    fn errors_name_the_file() {
+        let err = load("path/to/guest.elf", &[], &memory()).expect_err("empty");
+        assert_eq!(err.to_string(), "path/to/guest.elf: the file is empty");
+        let err = load_file(Path::new("/nonexistent/guest.elf"), &memory()).expect_err("missing");
+        let shown = format!("{:#}", anyhow::Error::new(err));
+        assert!(shown.starts_with("/nonexistent/guest.elf: cannot read the file: No such file"), "{shown}");
+    }
+
+    #[test]
+    fn empty_file() {
+        assert!(matches!(check(&[], MEM), Err(Problem::Empty)));
+    }
+
+    #[test]
+    fn not_elf() {
+        assert!(matches!(check(b"#!/bin/sh\necho hi\n", MEM), Err(Problem::NotElf)));
+        assert!(matches!(check(b"\x7fEL", MEM), Err(Problem::Truncated { .. })));
+        assert!(matches!(check(b"MZ", MEM), Err(Problem::NotElf)));
+    }
+
+    #[test]
+    fn truncated_file() {
+        let bytes = guest_image().build();
+        // Inside the ELF header.
+        let p = check(&bytes[..40], MEM).expect_err("short header");
+        assert!(matches!(p, Problem::Truncated { what: "the ELF header", len: 40, .. }), "{p}");
+        // Inside the program header table.
+        let p = check(&bytes[..100], MEM).expect_err("short table");
+        assert!(matches!(p, Problem::Truncated { what: "the program header table", .. }), "{p}");
+        assert_eq!(
+            p.to_string(),
+            "truncated: the program header table [0x40-0x120) lies past the end of the file (100 bytes)"
+        );
+        // Inside a segment's bytes.
+        let p = check(&bytes[..0x1010], MEM).expect_err("short segment");
+        assert!(matches!(p, Problem::FileRange { index: 0, .. }), "{p}");
+        assert_eq!(p.to_string(), "segment 0: file range [0x1000-0x1020) lies past the end of the file (4112 bytes)");
+    }
+
+    #[test]
+    fn wrong_class() {
+        let mut img = guest_image();
+        img.class = 1; // ELFCLASS32
+        assert!(matches!(problem(&img), Problem::Class(1)));
+    }
+
+    #[test]
+    fn wrong_endianness() {
+        let mut img = guest_image();
+        img.data = 2; // ELFDATA2MSB
+        assert!(matches!(problem(&img), Problem::Endian(2)));
+    }
+
+    #[test]
+    fn wrong_machine() {
+        let mut img = guest_image();
+        img.machine = header::EM_AARCH64;
+        let p = problem(&img);
+        assert!(matches!(p, Problem::Machine { machine: header::EM_AARCH64, .. }), "{p}");
+        assert!(p.to_string().contains("not x86-64"), "{p}");
+    }
+
+    #[test]
+    fn wrong_type() {
+        let mut img = guest_image();
+        img.ty = header::ET_DYN;
+        let p = problem(&img);
+        assert!(matches!(p, Problem::Type { ty: header::ET_DYN, .. }), "{p}");
+        img.ty = header::ET_REL;
+        assert!(matches!(problem(&img), Problem::Type { ty: header::ET_REL, .. }));
+    }
+
+    #[test]
+    fn wrong_phentsize() {
+        let mut img = guest_image();
+        img.phentsize = 32;
+        assert!(matches!(problem(&img), Problem::PhentSize(32)));
+    }
+
+    #[test]
+    fn dynamic_images_are_refused() {
+        let mut img = guest_image();
+        img.phdrs.insert(0, Ph { ty: PT_INTERP, flags: PF_R, offset: 0x1000, paddr: 0, filesz: 4, memsz: 4 });
+        let p = problem(&img);
+        assert_eq!(p.to_string(), "not a static executable: segment 0 is PT_INTERP");
+        let mut img = guest_image();
+        img.phdrs.push(Ph { ty: PT_DYNAMIC, flags: PF_R, offset: 0x1000, paddr: 0, filesz: 4, memsz: 4 });
+        assert!(matches!(problem(&img), Problem::NotStatic { index: 4, kind: "PT_DYNAMIC" }));
+    }
+
+    #[test]
+    fn no_pt_load() {
+        let mut img = guest_image();
+        img.phdrs.retain(|ph| ph.ty != PT_LOAD);
+        assert!(matches!(problem(&img), Problem::NoLoad));
+        img.phdrs.clear();
+        assert!(matches!(problem(&img), Problem::NoLoad));
+    }
+
+    #[test]
+    fn segment_outside_memory() {
+        let mut img = guest_image();
+        img.phdrs[1].paddr = MEM - 0x1000; // the command-line page
+        let p = problem(&img);
+        assert!(matches!(p, Problem::OutsideMemory { index: 1, .. }), "{p}");
+        assert_eq!(
+            p.to_string(),
+            "segment 1 [0x3fff000-0x4002000) lies outside guest memory (64 MiB; its last page holds the command line)"
+        );
+        // Right up to the command-line page is fine.
+        let mut img = guest_image();
+        img.phdrs[1].paddr = MEM - 0x1000 - 0x3000;
+        check(&img.build(), MEM).expect("fits exactly");
+        // Far beyond RAM.
+        img.phdrs[1].paddr = 1 << 40;
+        assert!(matches!(problem(&img), Problem::OutsideMemory { index: 1, .. }));
+    }
+
+    #[test]
+    fn segment_below_load_min() {
+        let mut img = guest_image();
+        img.phdrs[1].paddr = 0xF_F000;
+        let p = problem(&img);
+        assert!(matches!(p, Problem::BelowLoadMin { index: 1, .. }), "{p}");
+        img.phdrs[1].paddr = 0;
+        assert!(matches!(problem(&img), Problem::BelowLoadMin { index: 1, .. }));
+    }
+
+    #[test]
+    fn overlapping_segments() {
+        let mut img = guest_image();
+        img.phdrs[1].paddr = 0x10_0010; // inside the text segment
+        let p = problem(&img);
+        assert!(matches!(p, Problem::Overlap { a: 0, b: 1, .. }), "{p}");
+        assert_eq!(p.to_string(), "segments 0 [0x100000-0x100020) and 1 [0x100010-0x103010) overlap");
+        // Listed in the other order, the same two are named in index order.
+        img.phdrs.swap(0, 1);
+        img.entry = 0x10_0000;
+        assert!(matches!(problem(&img), Problem::Overlap { a: 0, b: 1, .. }));
+        // Touching is not overlapping.
+        let mut img = guest_image();
+        img.phdrs[1].paddr = 0x10_0020;
+        check(&img.build(), MEM).expect("adjacent segments");
+    }
+
+    #[test]
+    fn filesz_larger_than_memsz() {
+        let mut img = guest_image();
+        img.phdrs[0].filesz = 0x21;
+        let p = problem(&img);
+        assert!(matches!(p, Problem::FileszOverMemsz { index: 0, filesz: 0x21, memsz: 0x20 }), "{p}");
+    }
+
+    #[test]
+    fn huge_sizes_do_not_overflow() {
+        let mut img = guest_image();
+        img.phdrs[1].memsz = u64::MAX;
+        assert!(matches!(problem(&img), Problem::Overflow { index: 1, start_name: "p_paddr", .. }));
+        let mut img = guest_image();
+        img.phdrs[1].offset = u64::MAX - 4;
+        assert!(matches!(problem(&img), Problem::Overflow { index: 1, start_name: "p_offset", .. }));
+        let mut img = guest_image();
+        img.phdrs[1].paddr = u64::MAX - 0x1000;
+        img.phdrs[1].memsz = 0x1000;
+        assert!(matches!(problem(&img), Problem::OutsideMemory { index: 1, .. }));
+        let mut img = guest_image();
+        img.phdrs[1].filesz = u64::MAX;
+        img.phdrs[1].memsz = u64::MAX;
+        assert!(matches!(problem(&img), Problem::Overflow { .. }));
+    }
+
+    #[test]
+    fn entry_must_be_in_an_executable_segment() {
+        let mut img = guest_image();
+        img.entry = 0x20_0000; // data segment, not PF_X
+        assert!(matches!(problem(&img), Problem::EntryNotExecutable(0x20_0000)));
+        img.entry = 0x10_0020; // one past the text segment
+        assert!(matches!(problem(&img), Problem::EntryNotExecutable(0x10_0020)));
+        img.entry = 0; // nowhere
+        assert_eq!(problem(&img).to_string(), "entry point 0x0 is not inside an executable (PF_X) segment");
+        img.entry = 0x10_001F; // last byte of text
+        check(&img.build(), MEM).expect("entry at the last byte");
+    }
+
+    #[test]
+    fn empty_segments_are_harmless() {
+        let mut img = guest_image();
+        img.phdrs.push(Ph::load(PF_R, 0, 0x10_0000, 0, 0));
+        let image = check(&img.build(), MEM).expect("empty segment");
+        assert_eq!(image.segments.len(), 3);
+    }
+}

@@ -1,0 +1,245 @@
+// SPDX-License-Identifier: GPL-2.0
+//! `lguest run`: sets a guest up through `/dev/lguest` and runs its vCPU
+//! until it stops.
+//!
+//! The steps: map guest memory, load the ELF image, write the command line
+//! (so a bad guest or command line is reported even without the module),
+//! open the device and check its ABI version, `LGUEST_CREATE_VM`,
+//! `LGUEST_CREATE_VCPU`, map the run page, set the boot registers (GET_REGS,
+//! then SET_REGS with RIP, RDI and RSI changed), install the signal handlers,
+//! and loop on `LGUEST_RUN`, handing each exit to [`exit::handle_exit`].
+
+use std::ffi::OsString;
+use std::io::{self, Write};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use lguest_abi as abi;
+
+use crate::boot;
+use crate::dev::{DevError, ExitData, Lguest, RunPage};
+use crate::exit::{self, Action};
+use crate::loader;
+use crate::memory::{GuestMemory, Size};
+use crate::signals;
+
+/// Pages of the device window above guest RAM.
+pub const DEVICE_PAGES: u64 = 1;
+
+/// What `lguest run` was asked to do.
+#[derive(Debug)]
+pub struct RunOptions {
+    /// The lguest device node.
+    pub device: PathBuf,
+    /// Bytes of guest RAM (already checked by `boot::parse_mem_size`).
+    pub mem_size: u64,
+    /// The guest ELF image.
+    pub guest: PathBuf,
+    /// The guest's arguments, joined with spaces into its command line.
+    pub args: Vec<OsString>,
+}
+
+/// Runs the guest and returns the launcher's exit status.
+pub fn run(opts: &RunOptions) -> Result<u8> {
+    let mem = GuestMemory::new(opts.mem_size, DEVICE_PAGES)?;
+    let image = loader::load_file(&opts.guest, &mem)?;
+    for seg in &image.segments {
+        log::debug!("segment {} {} ({:#x} bytes from the file)", seg.index, seg.range(), seg.filesz);
+    }
+    let line = boot::join_args(&opts.args)?;
+    let cmdline = boot::write_cmdline(&mem, &line)?;
+    log::info!(
+        "{}: entry {:#x}, {} of RAM, command line {:?}",
+        opts.guest.display(),
+        image.entry,
+        Size(mem.mem_size()),
+        String::from_utf8_lossy(&line)
+    );
+
+    let lg = Lguest::open(&opts.device)?;
+    let version = lg.api_version()?;
+    if version != abi::LGUEST_API_VERSION {
+        bail!("ABI mismatch: the module speaks {version}, this launcher {}", abi::LGUEST_API_VERSION);
+    }
+    let config = abi::LguestVmConfig {
+        mem_base: mem.host_base()?,
+        mem_size: mem.mem_size(),
+        device_pages: mem.device_pages(),
+        entry: image.entry,
+        flags: 0,
+        reserved0: 0,
+        reserved: [0; 4],
+    };
+    lg.create_vm(&config)?;
+    let vcpu = lg.create_vcpu()?;
+    let page = lg.map_run_page(vcpu)?;
+    let regs = lg.get_regs(vcpu)?;
+    lg.set_regs(vcpu, &boot::boot_regs(regs, image.entry, cmdline, mem.mem_size()))?;
+
+    // A fresh page has it clear; say so rather than rely on it.
+    page.set_immediate_exit(false);
+    let guard = signals::install(&page)?;
+    let stdout = io::stdout();
+    let result =
+        run_loop(&DevVcpu { lg: &lg, index: vcpu, page: &page }, &mem, &mut stdout.lock(), &signals::interrupted);
+    drop(guard);
+
+    let stats = page.stats();
+    log::info!("vCPU {vcpu}: {} exits, {} hypercalls", stats.exits, stats.hypercalls);
+    result
+}
+
+/// What the run loop needs of a vCPU: a fake stands in for it in tests.
+trait Vcpu {
+    /// `LGUEST_RUN`, with the raw error so `EINTR` can be told apart.
+    fn run(&self) -> io::Result<()>;
+    /// The exit data after `run` returned.
+    fn exit(&self) -> ExitData;
+}
+
+/// A vCPU of `/dev/lguest`.
+struct DevVcpu<'a> {
+    lg: &'a Lguest,
+    index: u32,
+    page: &'a RunPage,
+}
+
+impl Vcpu for DevVcpu<'_> {
+    fn run(&self) -> io::Result<()> {
+        self.lg.run(self.index)
+    }
+
+    fn exit(&self) -> ExitData {
+        self.page.exit()
+    }
+}
+
+/// Runs `vcpu` until an exit stops it, RUN fails, or it returns `EINTR`
+/// while `interrupted()` says a stopping signal came. Console output goes to
+/// `out`; launcher messages to stderr.
+fn run_loop(vcpu: &dyn Vcpu, mem: &GuestMemory, out: &mut dyn Write, interrupted: &dyn Fn() -> bool) -> Result<u8> {
+    loop {
+        if let Err(e) = vcpu.run() {
+            if e.raw_os_error() == Some(libc::EINTR) {
+                if interrupted() {
+                    eprintln!("lguest: interrupted");
+                    return Ok(signals::EXIT_INTERRUPTED);
+                }
+                // Some other signal: run again.
+                continue;
+            }
+            return Err(DevError::Ioctl { what: "LGUEST_RUN", source: e }.into());
+        }
+        let action = exit::handle_exit(&vcpu.exit(), mem, out).context("handling a guest exit")?;
+        match action {
+            Action::Continue => {}
+            Action::Exit { code, message } => {
+                if let Some(message) = message {
+                    eprintln!("{message}");
+                }
+                return Ok(code);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::{Cell, RefCell};
+    use std::collections::VecDeque;
+
+    use super::*;
+
+    /// A vCPU that replays scripted RUN results.
+    struct FakeVcpu {
+        script: RefCell<VecDeque<Result<ExitData, i32>>>,
+        last: Cell<Option<ExitData>>,
+        runs: Cell<usize>,
+    }
+
+    impl FakeVcpu {
+        fn new(script: Vec<Result<ExitData, i32>>) -> Self {
+            Self { script: RefCell::new(script.into()), last: Cell::new(None), runs: Cell::new(0) }
+        }
+    }
+
+    impl Vcpu for FakeVcpu {
+        fn run(&self) -> io::Result<()> {
+            self.runs.set(self.runs.get() + 1);
+            match self.script.borrow_mut().pop_front() {
+                Some(Ok(exit)) => {
+                    self.last.set(Some(exit));
+                    Ok(())
+                }
+                Some(Err(errno)) => Err(io::Error::from_raw_os_error(errno)),
+                None => panic!("the loop ran past the end of the script"),
+            }
+        }
+
+        fn exit(&self) -> ExitData {
+            self.last.get().expect("exit() before a successful run()")
+        }
+    }
+
+    fn memory() -> GuestMemory {
+        GuestMemory::new(2 << 20, DEVICE_PAGES).expect("memory")
+    }
+
+    fn notify(addr: u64) -> ExitData {
+        ExitData { notify_addr: addr, ..ExitData::new(abi::LGUEST_EXIT_NOTIFY) }
+    }
+
+    fn poweroff() -> ExitData {
+        ExitData { shutdown_reason: abi::LGUEST_SHUTDOWN_POWEROFF, ..ExitData::new(abi::LGUEST_EXIT_SHUTDOWN) }
+    }
+
+    #[test]
+    fn console_then_poweroff() {
+        let mem = memory();
+        mem.write(0x10_0000, b"Hello\n\0").expect("write");
+        mem.write(0x10_1000, b"world\0").expect("write");
+        let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000)), Ok(notify(0x10_1000)), Ok(poweroff())]);
+        let mut out = Vec::new();
+        let code = run_loop(&vcpu, &mem, &mut out, &|| false).expect("run");
+        assert_eq!(code, 0);
+        assert_eq!(out, b"Hello\nworld");
+        assert_eq!(vcpu.runs.get(), 3);
+    }
+
+    #[test]
+    fn eintr_without_a_stopping_signal_runs_again() {
+        let mem = memory();
+        let vcpu = FakeVcpu::new(vec![Err(libc::EINTR), Err(libc::EINTR), Ok(ExitData::new(abi::LGUEST_EXIT_HALT))]);
+        let code = run_loop(&vcpu, &mem, &mut Vec::new(), &|| false).expect("run");
+        assert_eq!(code, exit::EXIT_HALT);
+        assert_eq!(vcpu.runs.get(), 3);
+    }
+
+    #[test]
+    fn eintr_after_sigint_stops_with_130() {
+        let mem = memory();
+        let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000)), Err(libc::EINTR)]);
+        let code = run_loop(&vcpu, &mem, &mut Vec::new(), &|| true).expect("run");
+        assert_eq!(code, 130);
+        assert_eq!(vcpu.runs.get(), 2);
+    }
+
+    #[test]
+    fn run_failures_are_errors() {
+        let mem = memory();
+        let vcpu = FakeVcpu::new(vec![Err(libc::EFAULT)]);
+        let err = run_loop(&vcpu, &mem, &mut Vec::new(), &|| false).expect_err("EFAULT");
+        assert!(format!("{err:#}").starts_with("LGUEST_RUN failed: Bad address"), "{err:#}");
+    }
+
+    #[test]
+    fn exit_codes_come_from_the_exit() {
+        let mem = memory();
+        let mut killed = ExitData::new(abi::LGUEST_EXIT_KILLED);
+        killed.message[..3].copy_from_slice(b"no\0");
+        let vcpu = FakeVcpu::new(vec![Ok(killed)]);
+        assert_eq!(run_loop(&vcpu, &mem, &mut Vec::new(), &|| false).expect("run"), exit::EXIT_KILLED);
+        let vcpu = FakeVcpu::new(vec![Ok(ExitData::new(77))]);
+        assert_eq!(run_loop(&vcpu, &mem, &mut Vec::new(), &|| false).expect("run"), 2);
+    }
+}

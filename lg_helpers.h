@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * C helpers for lguest.ko: the kernel's static inlines and macros that Rust
+ * cannot call directly (bindgen sees no body). Each is a one-line wrapper;
+ * the Rust declarations are in helpers.rs, the only caller.
+ */
+#ifndef LG_HELPERS_H
+#define LG_HELPERS_H
+
+#include <linux/types.h>
+
+struct page;
+
+unsigned long lg_irq_save(void);
+void lg_irq_restore(unsigned long flags);
+unsigned long lg_page_to_phys(struct page *page);
+void *lg_page_address(struct page *page);
+unsigned long lg_gdt_rw(unsigned int cpu);
+int lg_signal_pending(void);
+void lg_cond_resched(void);
+bool lg_try_to_freeze(void);
+unsigned long lg_read_cr4(void);
+unsigned long lg_read_cr3(void);
+unsigned long lg_read_cr0(void);
+unsigned long lg_read_efer(void);
+unsigned int lg_cpu_id(void);
+unsigned long lg_page_offset_base(void);
+
+/* Implemented in switcher_64.S. */
+void lguest_switch_to_guest(void *block);
+void lguest_deliver_to_host(unsigned long handler);
+
+#endif

@@ -1,0 +1,249 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Memory: host pages for page tables, the guest's pinned RAM, and the
+//! shadow page tables the guest really runs on.
+//!
+//! Guest RAM is the launcher's memory. At VM creation every page of it is
+//! pinned (`pin_user_pages_fast` with `FOLL_LONGTERM`), so the physical pages
+//! the shadow tables point at cannot be freed or migrated while the guest can
+//! reach them, whatever the launcher does to its mappings afterwards
+//! (`munmap` just drops the launcher's view; the guest keeps the pinned
+//! pages until the VM is destroyed). The pins are released in `Drop`.
+//!
+//! The shadow tables are owned by one [`ShadowTable`]: every table page it
+//! allocated is in its `pages` list and freed with it. Nothing here is
+//! shared between threads without the VM's lock.
+
+use kernel::{
+    alloc::flags::{
+        GFP_KERNEL,
+        __GFP_ZERO, //
+    },
+    bindings,
+    page::Page,
+    prelude::*, //
+};
+
+use crate::helpers;
+
+/// Page size.
+pub(crate) const PAGE_SIZE: u64 = 4096;
+
+/// PTE bits.
+pub(crate) const PTE_P: u64 = 1 << 0;
+pub(crate) const PTE_RW: u64 = 1 << 1;
+pub(crate) const PTE_US: u64 = 1 << 2;
+pub(crate) const PTE_A: u64 = 1 << 5;
+pub(crate) const PTE_D: u64 = 1 << 6;
+pub(crate) const PTE_NX: u64 = 1 << 63;
+/// The physical address bits of an entry.
+const PTE_ADDR: u64 = 0x000f_ffff_ffff_f000;
+
+/// A zeroed page of host memory, with its physical and kernel addresses.
+pub(crate) struct HostPage {
+    page: Page,
+    phys: u64,
+    va: *mut u64,
+}
+
+// SAFETY: The page is owned by this value; `va` is only its direct-map
+// address, valid on every CPU and in every thread.
+unsafe impl Send for HostPage {}
+// SAFETY: Shared references only read `phys`/`va`; writes through `va` need
+// `&mut self` or the VM lock held by the caller.
+unsafe impl Sync for HostPage {}
+
+impl HostPage {
+    /// Allocates a zeroed page.
+    pub(crate) fn new() -> Result<Self> {
+        let page = Page::alloc_page(GFP_KERNEL | __GFP_ZERO)?;
+        // SAFETY: `page` owns a valid struct page.
+        let phys = unsafe { helpers::page_to_phys(page.as_ptr()) };
+        // SAFETY: As above; x86-64 has no highmem, so the address is valid
+        // for as long as the page is allocated.
+        let va = unsafe { helpers::page_address(page.as_ptr()) }.cast::<u64>();
+        Ok(Self { page, phys, va })
+    }
+
+    /// Physical address.
+    pub(crate) fn phys(&self) -> u64 {
+        self.phys
+    }
+
+    /// Kernel address (direct map).
+    pub(crate) fn va(&self) -> *mut u8 {
+        self.va.cast()
+    }
+
+    /// The page, for mapping it into userspace.
+    pub(crate) fn page(&self) -> &Page {
+        &self.page
+    }
+}
+
+/// The guest's RAM: the launcher's pages, pinned.
+///
+/// # Invariants
+///
+/// `pages[i]` is a pinned page backing launcher address `base + i * 4096`
+/// (at VM creation), held until `Drop`.
+pub(crate) struct GuestMemory {
+    base: u64,
+    pages: KVVec<usize>,
+}
+
+// SAFETY: The page pointers are only used to compute physical addresses and
+// to unpin in Drop; struct pages are global kernel objects.
+unsafe impl Send for GuestMemory {}
+// SAFETY: As above; `&self` methods only read.
+unsafe impl Sync for GuestMemory {}
+
+impl GuestMemory {
+    /// Pins `size` bytes of the current process's memory at `base`.
+    pub(crate) fn pin(base: u64, size: u64) -> Result<Self> {
+        let npages = (size / PAGE_SIZE) as usize;
+        let mut pages = KVVec::with_capacity(npages, GFP_KERNEL)?;
+        let mut mem = GuestMemory { base, pages: KVVec::new() };
+        let mut done = 0usize;
+        while done < npages {
+            let chunk = core::cmp::min(npages - done, 512);
+            let start = base + (done as u64) * PAGE_SIZE;
+            let mut batch = [core::ptr::null_mut::<bindings::page>(); 512];
+            // SAFETY: `batch` has room for `chunk` pointers; the range is user
+            // memory of the current process (pin_user_pages_fast checks it).
+            let got = unsafe {
+                bindings::pin_user_pages_fast(
+                    start as _,
+                    chunk as i32,
+                    bindings::FOLL_WRITE | bindings::FOLL_LONGTERM,
+                    batch.as_mut_ptr(),
+                )
+            };
+            if got > 0 {
+                for p in &batch[..got as usize] {
+                    // Cannot fail: capacity reserved above.
+                    pages.push(*p as usize, GFP_KERNEL)?;
+                }
+                done += got as usize;
+            }
+            if got != chunk as i32 {
+                mem.pages = pages;
+                // Dropping `mem` unpins what we got.
+                return Err(if got < 0 { Error::from_errno(got) } else { EFAULT });
+            }
+        }
+        mem.pages = pages;
+        Ok(mem)
+    }
+
+    /// Size in bytes.
+    pub(crate) fn size(&self) -> u64 {
+        self.pages.len() as u64 * PAGE_SIZE
+    }
+
+    /// The launcher address of guest-physical 0.
+    pub(crate) fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// Host physical address of guest page frame `gfn`, if it is RAM.
+    pub(crate) fn host_phys(&self, gfn: u64) -> Option<u64> {
+        let p = *self.pages.get(gfn as usize)?;
+        // SAFETY: By the type invariant `p` is a pinned, valid struct page.
+        Some(unsafe { helpers::page_to_phys(p as *mut bindings::page) })
+    }
+}
+
+impl Drop for GuestMemory {
+    fn drop(&mut self) {
+        if self.pages.is_empty() {
+            return;
+        }
+        // SAFETY: Every entry was pinned by `pin` and is unpinned exactly
+        // once, here; `usize` and `*mut page` have the same layout.
+        unsafe {
+            bindings::unpin_user_pages_dirty_lock(
+                self.pages.as_mut_ptr().cast(),
+                self.pages.len() as _,
+                true,
+            )
+        };
+    }
+}
+
+/// A shadow page-table tree: 4 or 5 levels, as the host uses.
+pub(crate) struct ShadowTable {
+    levels: u32,
+    root: HostPage,
+    pages: KVec<HostPage>,
+}
+
+impl ShadowTable {
+    /// An empty tree with `levels` levels (4 or 5).
+    pub(crate) fn new(levels: u32) -> Result<Self> {
+        Ok(Self { levels, root: HostPage::new()?, pages: KVec::new() })
+    }
+
+    /// Physical address of the root, for CR3.
+    pub(crate) fn root_phys(&self) -> u64 {
+        self.root.phys()
+    }
+
+    fn index(va: u64, level: u32) -> usize {
+        ((va >> (12 + 9 * (level - 1))) & 511) as usize
+    }
+
+    /// Reads entry `i` of our table at physical address `table`.
+    fn entry(table: u64, i: usize) -> u64 {
+        let va = (helpers::page_offset_base() + table) as *const u64;
+        // SAFETY: `table` is the root or a page in `self.pages` (only our
+        // own entries lead to it), mapped in the direct map; `i < 512`.
+        unsafe { va.add(i & 511).read_volatile() }
+    }
+
+    /// Writes entry `i` of our table at physical address `table`.
+    fn set_entry(table: u64, i: usize, v: u64) {
+        let va = (helpers::page_offset_base() + table) as *mut u64;
+        // SAFETY: As in `entry`; a whole-word volatile store, since the
+        // hardware may walk the table at the same time.
+        unsafe { va.add(i & 511).write_volatile(v) }
+    }
+
+    /// Finds (allocating if `alloc`) the last-level table for `va`; upper
+    /// entries get `upper` flags. Returns the table's physical address.
+    fn leaf_table(&mut self, va: u64, upper: u64, alloc: bool) -> Result<u64> {
+        let mut table = self.root.phys();
+        for level in (2..=self.levels).rev() {
+            let i = Self::index(va, level);
+            let e = Self::entry(table, i);
+            if e & PTE_P != 0 {
+                table = e & PTE_ADDR;
+                continue;
+            }
+            if !alloc {
+                return Err(ENOENT);
+            }
+            let new = HostPage::new()?;
+            let phys = new.phys();
+            self.pages.push(new, GFP_KERNEL)?;
+            Self::set_entry(table, i, phys | upper);
+            table = phys;
+        }
+        Ok(table)
+    }
+
+    /// Maps the 4 KiB page at `va` to `pte` (physical address and flags),
+    /// allocating tables on the way; upper entries get `upper` flags.
+    pub(crate) fn map(&mut self, va: u64, pte: u64, upper: u64) -> Result {
+        let t = self.leaf_table(va, upper, true)?;
+        Self::set_entry(t, Self::index(va, 1), pte);
+        Ok(())
+    }
+
+    /// Rewrites the entry for `va` whose tables already exist (no allocation:
+    /// usable with interrupts off).
+    pub(crate) fn set_existing(&mut self, va: u64, pte: u64) -> Result {
+        let t = self.leaf_table(va, 0, false)?;
+        Self::set_entry(t, Self::index(va, 1), pte);
+        Ok(())
+    }
+}

@@ -1,0 +1,189 @@
+// SPDX-License-Identifier: GPL-2.0
+//! `guest-ops`: a guest that does one thing, chosen by the first word of its
+//! command line, for the host selftests. It reports with console lines
+//! `guest-ops: <action>: ...` and, when it gets to the end, powers off with
+//! `guest-ops: <action>: done` (or `... survived` after a forbidden
+//! instruction). Whether a forbidden instruction is reflected or kills the
+//! guest is the host's decision; this guest only performs it, after saying
+//! so on the console.
+//!
+//! Actions (see [`usage`]):
+//!
+//! - `hello`, `args`, `crash`, `badcall`, `spin`, `hcalls N`, `irqtoggle N`;
+//! - `data`, `paravirt`, `hcall-halt`: the shared page and the paravirt ops;
+//! - one instruction each: `cli`, `sti`, `hlt`, `readcr3`, `writecr3`, `in`,
+//!   `out`, `wrmsr`, `rdmsr`, `sgdt`, `sidt`, `syscall`, `sysenter`,
+//!   `int80`, `int3`, `ud2`, `fpu`, `sse`, `readnull`, `divzero`,
+//!   `readswitcher ADDR`, `writeswitcher ADDR` (ADDR in hex).
+#![no_std]
+#![no_main]
+
+mod insn;
+
+use lguest_guest::abi::LHCALL_FLUSH_ASYNC;
+use lguest_guest::{crash, crash_fmt, data, entry, hcall, poweroff_fmt, println, Args, Lguest, Paravirt};
+
+entry!(main);
+
+/// A hypercall number the host does not know.
+const BAD_HCALL: u64 = 9999;
+
+fn main(args: Args) -> ! {
+    let mut words = args.iter();
+    let Some(action) = words.next() else {
+        usage();
+        crash("guest-ops: no action given");
+    };
+    let arg = words.next();
+    match action {
+        "hello" => hello(),
+        "args" => print_args(args),
+        "crash" => panic!("deliberate crash"),
+        "badcall" => badcall(),
+        "spin" => spin(),
+        "hcalls" => hcalls(arg),
+        "irqtoggle" => irqtoggle(arg),
+        "data" => show_data(),
+        "paravirt" => paravirt(),
+        "hcall-halt" => hcall_halt(),
+        "readswitcher" => insn::read_at(action, parse_addr(action, arg)),
+        "writeswitcher" => insn::write_at(action, parse_addr(action, arg)),
+        _ => match insn::find(action) {
+            Some(insn) => insn::execute(insn),
+            None => {
+                usage();
+                crash_fmt(format_args!("guest-ops: unknown action {action:?}"))
+            }
+        },
+    }
+}
+
+/// Lists the actions on the console.
+fn usage() {
+    println!("guest-ops: usage: guest-ops ACTION [ARG]");
+    println!("guest-ops:   hello | args | crash | badcall | spin | hcalls N | irqtoggle N");
+    println!("guest-ops:   data | paravirt | hcall-halt");
+    println!("guest-ops:   readswitcher ADDR | writeswitcher ADDR  (ADDR in hex)");
+    println!("guest-ops:   {}", insn::Names);
+}
+
+/// Powers off with `guest-ops: <action>: done`.
+fn done(action: &str) -> ! {
+    poweroff_fmt(format_args!("guest-ops: {action}: done"))
+}
+
+fn hello() -> ! {
+    println!("guest-ops: hello: Hello from the lguest guest");
+    done("hello")
+}
+
+fn print_args(args: Args) -> ! {
+    println!("guest-ops: args: {} words in \"{}\"", args.len(), args.as_str());
+    for (i, word) in args.iter().enumerate() {
+        println!("guest-ops: args: {i}: {word}");
+    }
+    done("args")
+}
+
+fn badcall() -> ! {
+    println!("guest-ops: badcall: making hypercall {BAD_HCALL}");
+    // SAFETY: no addresses are passed; the host should kill the guest, and if
+    // it returns instead, nothing in the guest changed.
+    let ret = unsafe { hcall(BAD_HCALL, 0, 0, 0, 0) };
+    println!("guest-ops: badcall: survived, returned {ret:#x}");
+    poweroff_fmt(format_args!("guest-ops: badcall: survived"))
+}
+
+fn spin() -> ! {
+    println!("guest-ops: spin: spinning forever without hypercalls");
+    loop {
+        core::hint::spin_loop();
+    }
+}
+
+/// The decimal count argument of `action`.
+fn parse_count(action: &str, arg: Option<&str>) -> u64 {
+    match arg.and_then(|a| a.parse::<u64>().ok()) {
+        Some(n) => n,
+        None => crash_fmt(format_args!("guest-ops: {action}: needs a decimal count")),
+    }
+}
+
+fn hcalls(arg: Option<&str>) -> ! {
+    let n = parse_count("hcalls", arg);
+    println!("guest-ops: hcalls: making {n} LHCALL_FLUSH_ASYNC ({LHCALL_FLUSH_ASYNC}) hypercalls");
+    let mut made = 0u64;
+    while made < n {
+        Lguest::flush_async();
+        made += 1;
+    }
+    println!("guest-ops: hcalls: made {made} hypercalls");
+    done("hcalls")
+}
+
+/// Disables and re-enables (virtual) interrupts N times: the cost of the
+/// `irq_pending` check, with or without `noirqcheck`.
+fn irqtoggle(arg: Option<&str>) -> ! {
+    let n = parse_count("irqtoggle", arg);
+    let check = if lguest_guest::paravirt::irq_check() { "on" } else { "off (noirqcheck)" };
+    println!("guest-ops: irqtoggle: {n} x irq_disable + irq_enable, irq_pending check {check}");
+    for _ in 0..n {
+        Lguest::irq_disable();
+        Lguest::irq_enable();
+    }
+    Lguest::irq_disable();
+    println!("guest-ops: irqtoggle: toggled {n} times");
+    done("irqtoggle")
+}
+
+/// Shows what the host wrote into `lguest_data` at `LHCALL_LGUEST_INIT`.
+fn show_data() -> ! {
+    let t = data::time();
+    println!("guest-ops: data: lguest_data at {:#x}", data::address());
+    println!("guest-ops: data: reserve_mem {:#x}", data::reserve_mem());
+    println!("guest-ops: data: tsc_khz {}", data::tsc_khz());
+    println!("guest-ops: data: time {}.{:09}", t.sec, t.nsec);
+    done("data")
+}
+
+/// Runs the paravirt interrupt-flag operations and checks what they report.
+fn paravirt() -> ! {
+    let check = |what: &str, got: u64, want: u64| {
+        let verdict = if got == want { "ok" } else { "WRONG" };
+        println!("guest-ops: paravirt: {what}: save_fl {got:#x}, want {want:#x}: {verdict}");
+        got == want
+    };
+    let if_on = lguest_guest::abi::X86_EFLAGS_IF;
+    let mut good = check("at boot", Lguest::save_fl(), 0);
+    Lguest::irq_enable();
+    good &= check("after irq_enable", Lguest::save_fl(), if_on);
+    Lguest::irq_disable();
+    good &= check("after irq_disable", Lguest::save_fl(), 0);
+    Lguest::restore_fl(if_on);
+    good &= check("after restore_fl(IF)", Lguest::save_fl(), if_on);
+    Lguest::restore_fl(0);
+    good &= check("after restore_fl(0)", Lguest::save_fl(), 0);
+    if !good {
+        crash("guest-ops: paravirt: wrong interrupt flag");
+    }
+    done("paravirt")
+}
+
+/// Halts with interrupts on and nothing to wake us: the host should stop
+/// the guest with `LGUEST_EXIT_HALT`.
+fn hcall_halt() -> ! {
+    Lguest::irq_enable();
+    println!("guest-ops: hcall-halt: LHCALL_HALT with nothing to wake us");
+    Lguest::halt();
+    println!("guest-ops: hcall-halt: woke up");
+    done("hcall-halt")
+}
+
+/// The hexadecimal address argument of `action` (with or without `0x`).
+fn parse_addr(action: &str, arg: Option<&str>) -> u64 {
+    let digits = arg.map(|a| a.strip_prefix("0x").unwrap_or(a));
+    match digits.and_then(|d| u64::from_str_radix(d, 16).ok()) {
+        Some(addr) => addr,
+        None => crash_fmt(format_args!("guest-ops: {action}: needs a hex address")),
+    }
+}

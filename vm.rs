@@ -1,0 +1,329 @@
+// SPDX-License-Identifier: GPL-2.0
+//! A VM: its pinned memory, its shadow page table, its vCPU, and the run
+//! loop (`run_guest`).
+//!
+//! A [`Vm`] lives inside the open file's lock (see `dev.rs`); every method
+//! here is called with that lock held, so the VM needs no lock of its own.
+//! RUN holds the lock for as long as the guest runs; the launcher kicks it
+//! with a signal (and `immediate_exit`), not with another ioctl.
+
+use kernel::{
+    prelude::*,
+    str::CString,
+    uaccess::{
+        UserPtr,
+        UserSlice, //
+    }, //
+};
+
+use crate::{
+    hcall::{
+        self,
+        kill,
+        Kill, //
+    },
+    helpers,
+    mm::{
+        GuestMemory,
+        HostPage,
+        ShadowTable,
+        PAGE_SIZE,
+        PTE_A,
+        PTE_D,
+        PTE_P,
+        PTE_RW,
+        PTE_US, //
+    },
+    switcher::{
+        Exit,
+        GuestCpu,
+        Switcher, //
+    },
+    uapi::{
+        self,
+        LguestRegs,
+        LguestRun,
+        LguestVmConfig, //
+    },
+};
+
+/// Why a run ended in the launcher.
+pub(crate) enum UserExit {
+    /// `LHCALL_NOTIFY(addr, arg)`.
+    Notify { addr: u64, arg: u64 },
+    /// `LHCALL_SHUTDOWN`: reason and the guest's message.
+    Shutdown { reason: u64, message: KVec<u8> },
+    /// `LHCALL_HALT` with nothing that could wake the guest.
+    Halt,
+}
+
+/// One vCPU.
+pub(crate) struct Vcpu {
+    /// Registers and what the switcher needs.
+    pub(crate) cpu: GuestCpu,
+    /// The run page shared with the launcher (mmap at `index * 4096`).
+    run: HostPage,
+    /// Guest-physical address of `struct lguest_data`, once registered.
+    pub(crate) lguest_data: Option<u64>,
+    /// Next async ring entry to look at.
+    pub(crate) next_hcall: usize,
+    stat_exits: u64,
+    pub(crate) stat_hypercalls: u64,
+}
+
+/// A guest.
+pub(crate) struct Vm {
+    pub(crate) mem: GuestMemory,
+    shadow: ShadowTable,
+    entry: u64,
+    pub(crate) vcpus: KVec<Vcpu>,
+    /// Set when the host killed the guest: the reason.
+    dead: Option<Kill>,
+}
+
+impl Vm {
+    /// Validates `cfg` and builds the VM: pins RAM, builds the shadow table
+    /// with the initial linear map and the switcher.
+    pub(crate) fn create(cfg: &LguestVmConfig) -> Result<Self> {
+        let sw = Switcher::get()?;
+        let page_mask = PAGE_SIZE - 1;
+        if cfg.flags != 0 || cfg.reserved0 != 0 || cfg.reserved.iter().any(|&r| r != 0) {
+            return Err(EINVAL);
+        }
+        if cfg.mem_base & page_mask != 0 || cfg.mem_size & page_mask != 0 || cfg.mem_size == 0 {
+            return Err(EINVAL);
+        }
+        if cfg.mem_size > uapi::LGUEST_MAX_MEM || cfg.device_pages > uapi::LGUEST_MAX_DEVICE_PAGES {
+            return Err(EINVAL);
+        }
+        if cfg.mem_size <= uapi::LGUEST_LOAD_MIN
+            || cfg.entry < uapi::LGUEST_LOAD_MIN
+            || cfg.entry >= cfg.mem_size
+        {
+            return Err(EINVAL);
+        }
+        let total = cfg
+            .mem_size
+            .checked_add(cfg.device_pages * PAGE_SIZE)
+            .and_then(|t| cfg.mem_base.checked_add(t))
+            .ok_or(EINVAL)?;
+        // Userspace addresses only (the lower half).
+        if total > (1u64 << 47) {
+            return Err(EINVAL);
+        }
+
+        let mem = GuestMemory::pin(cfg.mem_base, cfg.mem_size)?;
+        let mut shadow = ShadowTable::new(sw.levels())?;
+        // The initial linear map: guest-virtual = guest-physical for RAM
+        // above the first megabyte (so that null pointers fault).
+        let user = PTE_P | PTE_RW | PTE_US;
+        let mut gfn = uapi::LGUEST_LOAD_MIN / PAGE_SIZE;
+        while gfn * PAGE_SIZE < cfg.mem_size {
+            let phys = mem.host_phys(gfn).ok_or(EFAULT)?;
+            shadow.map(gfn * PAGE_SIZE, phys | user | PTE_A | PTE_D, user)?;
+            gfn += 1;
+        }
+        sw.map_into(&mut shadow)?;
+        Ok(Vm {
+            mem,
+            shadow,
+            entry: cfg.entry,
+            vcpus: KVec::new(),
+            dead: None,
+        })
+    }
+
+    /// Creates the next vCPU; returns its index.
+    pub(crate) fn create_vcpu(&mut self) -> Result<u32> {
+        let index = self.vcpus.len() as u32;
+        if index >= uapi::LGUEST_MAX_VCPUS {
+            return Err(EBUSY);
+        }
+        let mut cpu = GuestCpu::default();
+        cpu.regs.rip = self.entry;
+        cpu.regs.rflags = GuestCpu::sanitize_flags(0);
+        self.vcpus.push(
+            Vcpu {
+                cpu,
+                run: HostPage::new()?,
+                lguest_data: None,
+                next_hcall: 0,
+                stat_exits: 0,
+                stat_hypercalls: 0,
+            },
+            GFP_KERNEL,
+        )?;
+        Ok(index)
+    }
+
+    /// The run page of vCPU `index`, to map into the launcher.
+    pub(crate) fn run_page(&self, index: usize) -> Result<&HostPage> {
+        Ok(&self.vcpus.get(index).ok_or(EINVAL)?.run)
+    }
+
+    /// Reads vCPU `index`'s registers.
+    pub(crate) fn get_regs(&self, index: usize) -> Result<LguestRegs> {
+        Ok(self.vcpus.get(index).ok_or(EINVAL)?.cpu.regs)
+    }
+
+    /// Writes vCPU `index`'s registers (flags are clamped).
+    pub(crate) fn set_regs(&mut self, index: usize, mut regs: LguestRegs) -> Result {
+        let v = self.vcpus.get_mut(index).ok_or(EINVAL)?;
+        regs.rflags = GuestCpu::sanitize_flags(regs.rflags);
+        v.cpu.regs = regs;
+        Ok(())
+    }
+
+    /// Kills the guest: it will not run again, and RUN reports `reason`.
+    pub(crate) fn kill(&mut self, reason: Kill) {
+        if self.dead.is_none() {
+            let text = core::str::from_utf8(reason.bytes()).unwrap_or("(unprintable)");
+            pr_info!("lguest: guest killed: {}\n", text);
+            self.dead = Some(reason);
+        }
+    }
+
+    /// `run_guest`: runs vCPU `index` until the launcher is needed.
+    /// Returns 0 with the exit in the run page, or `EINTR`.
+    pub(crate) fn run(&mut self, index: usize) -> Result<isize> {
+        let sw = Switcher::get()?;
+        if index >= self.vcpus.len() {
+            return Err(EINVAL);
+        }
+        if self.vcpus[index].immediate_exit() {
+            return Err(EINTR);
+        }
+        loop {
+            if let Some(reason) = &self.dead {
+                let v = &self.vcpus[index];
+                v.write_exit(uapi::LGUEST_EXIT_KILLED, 0, 0, 0, reason.bytes());
+                return Ok(0);
+            }
+            if helpers::signal_pending() {
+                return Err(EINTR);
+            }
+            helpers::try_to_freeze();
+            helpers::cond_resched();
+
+            let vcpu = &mut self.vcpus[index];
+            let exit = sw.run_once(&mut self.shadow, &mut vcpu.cpu)?;
+            vcpu.stat_exits += 1;
+            let Exit::Trap { vector, error, cr2 } = exit else {
+                continue;
+            };
+            if vector == uapi::LGUEST_TRAP_ENTRY as u64 {
+                match hcall::do_hypercalls(self, index) {
+                    Ok(None) => continue,
+                    Ok(Some(exit)) => {
+                        self.vcpus[index].report(exit);
+                        return Ok(0);
+                    }
+                    Err(reason) => {
+                        self.kill(reason);
+                        continue;
+                    }
+                }
+            }
+            let rip = self.vcpus[index].cpu.regs.rip;
+            let reason: Result<(), Kill> = if vector == 14 {
+                kill!("page fault at {cr2:#x} (error {error:#x}) at rip {rip:#x}")
+            } else {
+                kill!(
+                    "unhandled trap: {} (vector {vector}, error {error:#x}) at rip {rip:#x}",
+                    trap_name(vector)
+                )
+            };
+            if let Err(k) = reason {
+                self.kill(k);
+            }
+        }
+    }
+
+    /// Copies `buf.len()` bytes of guest-physical memory at `gpa` into `buf`.
+    pub(crate) fn read_guest(&self, gpa: u64, buf: &mut [u8]) -> Result {
+        let addr = self.guest_addr(gpa, buf.len())?;
+        UserSlice::new(UserPtr::from_addr(addr), buf.len()).reader().read_slice(buf)
+    }
+
+    /// Copies `data` to guest-physical memory at `gpa`.
+    pub(crate) fn write_guest(&self, gpa: u64, data: &[u8]) -> Result {
+        let addr = self.guest_addr(gpa, data.len())?;
+        UserSlice::new(UserPtr::from_addr(addr), data.len()).writer().write_slice(data)
+    }
+
+    /// The launcher address of guest RAM `[gpa, gpa + len)`, if it is RAM.
+    fn guest_addr(&self, gpa: u64, len: usize) -> Result<usize> {
+        let end = gpa.checked_add(len as u64).ok_or(EFAULT)?;
+        if end > self.mem.size() {
+            return Err(EFAULT);
+        }
+        Ok((self.mem.base() + gpa) as usize)
+    }
+}
+
+impl Vcpu {
+    fn run_ptr(&self) -> *mut LguestRun {
+        self.run.va().cast()
+    }
+
+    /// Reads `immediate_exit` once.
+    fn immediate_exit(&self) -> bool {
+        // SAFETY: The run page is ours and at least a `LguestRun` long; the
+        // launcher may write the byte at any time, hence the volatile read.
+        unsafe { core::ptr::addr_of!((*self.run_ptr()).immediate_exit).read_volatile() != 0 }
+    }
+
+    /// Fills the run page for an exit to the launcher.
+    fn write_exit(&self, reason: u32, addr: u64, arg: u64, shutdown: u64, message: &[u8]) {
+        let r = self.run_ptr();
+        let n = core::cmp::min(message.len(), uapi::LGUEST_MESSAGE_LEN - 1);
+        // SAFETY: `r` points to our run page (see `immediate_exit`); each
+        // field is written with a volatile store as the launcher may read it
+        // concurrently (it only should after RUN returns).
+        unsafe {
+            core::ptr::addr_of_mut!((*r).exit_reason).write_volatile(reason);
+            core::ptr::addr_of_mut!((*r).notify_addr).write_volatile(addr);
+            core::ptr::addr_of_mut!((*r).notify_arg).write_volatile(arg);
+            core::ptr::addr_of_mut!((*r).shutdown_reason).write_volatile(shutdown);
+            core::ptr::addr_of_mut!((*r).stat_exits).write_volatile(self.stat_exits);
+            core::ptr::addr_of_mut!((*r).stat_hypercalls).write_volatile(self.stat_hypercalls);
+            let msg = core::ptr::addr_of_mut!((*r).message).cast::<u8>();
+            for (i, &b) in message[..n].iter().enumerate() {
+                msg.add(i).write_volatile(b);
+            }
+            msg.add(n).write_volatile(0);
+        }
+    }
+
+    fn report(&self, exit: UserExit) {
+        match exit {
+            UserExit::Notify { addr, arg } => self.write_exit(uapi::LGUEST_EXIT_NOTIFY, addr, arg, 0, b""),
+            UserExit::Shutdown { reason, message } => {
+                self.write_exit(uapi::LGUEST_EXIT_SHUTDOWN, 0, 0, reason, &message)
+            }
+            UserExit::Halt => self.write_exit(uapi::LGUEST_EXIT_HALT, 0, 0, 0, b""),
+        }
+    }
+}
+
+/// The name of an exception vector, for kill messages.
+fn trap_name(vector: u64) -> &'static str {
+    match vector {
+        0 => "#DE divide error",
+        1 => "#DB debug",
+        3 => "#BP breakpoint",
+        4 => "#OF overflow",
+        5 => "#BR bound range",
+        6 => "#UD invalid opcode",
+        7 => "#NM device not available (FPU/SSE use)",
+        10 => "#TS invalid TSS",
+        11 => "#NP segment not present",
+        12 => "#SS stack fault",
+        13 => "#GP general protection",
+        16 => "#MF x87 error",
+        17 => "#AC alignment check",
+        19 => "#XM SIMD error",
+        21 => "#CP control protection",
+        _ => "exception",
+    }
+}
