@@ -34,10 +34,14 @@ TARGET=x86_64-unknown-linux-gnu
 	|| fail "cargo build failed"
 BIN="$REPO/target/$TARGET/release"
 
+say "guests"
+bash "$REPO/guest/build.sh" "$OUT/guests" --quiet >&2 || fail "guest build failed"
+
 say "initramfs"
 ROOT="$OUT/rootfs"
 rm -rf "$ROOT"
-mkdir -p "$ROOT"/{bin,sbin,usr/bin,usr/share/lguest,lib/modules,selftests/lguest,etc}
+mkdir -p "$ROOT"/{bin,sbin,usr/bin,usr/share/lguest/guests,lib/modules,selftests/lguest,etc}
+cp "$OUT"/guests/* "$ROOT/usr/share/lguest/guests/"
 cp /bin/busybox "$ROOT/bin/busybox"
 cp "$REPO/harness/init" "$ROOT/init"
 cp "$REPO/harness/demo.sh" "$ROOT/usr/share/lguest/demo.sh"

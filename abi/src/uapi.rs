@@ -240,7 +240,9 @@ pub const LGUEST_LOAD_MIN: u64 = 0x10_0000;
 pub const LHCALL_FLUSH_ASYNC: u64 = 0;
 /// Hypercall: register `struct lguest_data` (argument: its guest address).
 pub const LHCALL_LGUEST_INIT: u64 = 1;
-/// Hypercall: power off, restart or crash (argument: reason, message).
+/// Hypercall: power off, restart or crash. Argument 1: guest-physical
+/// address of a NUL-terminated message (at most 255 bytes are read);
+/// argument 2: `LGUEST_SHUTDOWN_*`.
 pub const LHCALL_SHUTDOWN: u64 = 2;
 /// Hypercall: switch to a new top-level page table.
 pub const LHCALL_NEW_PGTABLE: u64 = 4;
