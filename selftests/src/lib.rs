@@ -183,3 +183,94 @@ pub fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
 pub fn errname(e: i32) -> String {
     format!("{} ({e})", io::Error::from_raw_os_error(e))
 }
+
+/// Anonymous memory mapped for a test guest; unmapped on drop.
+pub struct Mapping {
+    /// Start address.
+    pub addr: *mut u8,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+impl Mapping {
+    /// Maps `len` bytes of private anonymous memory, read-write.
+    pub fn anon(len: usize) -> io::Result<Self> {
+        // SAFETY: A fresh anonymous mapping; no existing memory is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self { addr: p.cast(), len })
+    }
+
+    /// Maps `len` bytes of `f` at `offset`, shared, read-write.
+    pub fn shared(f: &File, len: usize, offset: i64) -> Result<Self, i32> {
+        Self::file(f, len, offset, libc::MAP_SHARED)
+    }
+
+    /// Maps `len` bytes of `f` at `offset` with `flags`.
+    pub fn file(f: &File, len: usize, offset: i64, flags: i32) -> Result<Self, i32> {
+        // SAFETY: A new mapping of a file we hold open; the kernel checks
+        // everything else.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, f.as_raw_fd(), offset)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(errno());
+        }
+        Ok(Self { addr: p.cast(), len })
+    }
+
+    /// Copies `data` to offset `off`.
+    pub fn write(&self, off: usize, data: &[u8]) {
+        assert!(off + data.len() <= self.len);
+        // SAFETY: In bounds of our mapping (checked above).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.addr.add(off), data.len()) };
+    }
+
+    /// Reads a value of type `T` at offset `off` (volatile: the kernel or a
+    /// guest may write it).
+    pub fn read<T: Copy>(&self, off: usize) -> T {
+        assert!(off + std::mem::size_of::<T>() <= self.len);
+        // SAFETY: In bounds; T is plain data in every use.
+        unsafe { self.addr.add(off).cast::<T>().read_volatile() }
+    }
+
+    /// Writes a value of type `T` at offset `off`.
+    pub fn put<T: Copy>(&self, off: usize, v: T) {
+        assert!(off + std::mem::size_of::<T>() <= self.len);
+        // SAFETY: In bounds; T is plain data in every use.
+        unsafe { self.addr.add(off).cast::<T>().write_volatile(v) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: We mapped exactly this range.
+        unsafe { libc::munmap(self.addr.cast(), self.len) };
+    }
+}
+
+/// Makes an ioctl whose argument is a pointer to `arg`.
+pub fn ioctl_ptr<T>(f: &File, cmd: u32, arg: &mut T) -> Result<i32, i32> {
+    ioctl(f, cmd, arg as *mut T as usize)
+}
+
+/// A value from /proc/meminfo, in KiB.
+pub fn meminfo(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with(&format!("{key}:"))).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}

@@ -1,0 +1,254 @@
+// SPDX-License-Identifier: GPL-2.0
+//! End-to-end tests of the world switch: the launcher runs the sample guests
+//! and each test checks what a user would see (output, exit status, the
+//! reason a guest was killed) and that the host carries on.
+//!
+//! Needs `lguest` (`$LGUEST_BIN`, default /usr/bin/lguest) and the sample
+//! guests (`$LGUEST_GUESTS`, default /usr/share/lguest/guests).
+
+use std::io::Read;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use lguest_selftests::{self as t, check, check_eq, fail, skip, TestResult};
+
+fn launcher() -> String {
+    std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into())
+}
+
+fn guest(name: &str) -> String {
+    let dir = std::env::var("LGUEST_GUESTS").unwrap_or_else(|_| "/usr/share/lguest/guests".into());
+    format!("{dir}/{name}")
+}
+
+/// What one launcher run produced.
+struct Outcome {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn spawn(guest_name: &str, args: &[&str]) -> Result<Child, t::NotPassed> {
+    Command::new(launcher())
+        .args(["run", "--memory", "16M", &guest(guest_name)])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| t::NotPassed::Fail(format!("cannot start {}: {e}", launcher())))
+}
+
+fn wait(mut child: Child, timeout: Duration) -> Result<Outcome, t::NotPassed> {
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) => {
+                let mut stdout = String::new();
+                let mut stderr = String::new();
+                if let Some(mut o) = child.stdout.take() {
+                    let _ = o.read_to_string(&mut stdout);
+                }
+                if let Some(mut e) = child.stderr.take() {
+                    let _ = e.read_to_string(&mut stderr);
+                }
+                use std::os::unix::process::ExitStatusExt;
+                let code = st.code().unwrap_or(128 + st.signal().unwrap_or(0));
+                return Ok(Outcome { code, stdout, stderr });
+            }
+            Ok(None) if start.elapsed() > timeout => {
+                let _ = child.kill();
+                let _ = child.wait();
+                fail!("the launcher did not finish within {timeout:?}");
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => fail!("wait: {e}"),
+        }
+    }
+}
+
+fn run(guest_name: &str, args: &[&str]) -> Result<Outcome, t::NotPassed> {
+    wait(spawn(guest_name, args)?, Duration::from_secs(60))
+}
+
+fn describe(o: &Outcome) -> String {
+    format!("exit {}; stdout {:?}; stderr {:?}", o.code, o.stdout, o.stderr)
+}
+
+/// The hello sample greets and powers off: status 0.
+fn hello() -> TestResult {
+    let o = run("hello", &["from", "the", "tests"])?;
+    check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
+    check!(o.stdout.contains("Hello from the lguest guest"), "no greeting: {}", describe(&o));
+    check!(o.stdout.contains("from the tests"), "command line not shown: {}", describe(&o));
+    Ok(())
+}
+
+/// A guest panic reaches the launcher as a crash with the message: status 1.
+fn crash_message() -> TestResult {
+    let o = run("guest-ops", &["crash"])?;
+    check_eq!(o.code, 1, format!("exit status ({})", describe(&o)));
+    check!(o.stderr.contains("guest crashed: deliberate crash"), "no crash message: {}", describe(&o));
+    Ok(())
+}
+
+/// An invalid hypercall kills the guest with the reason (status 2); the
+/// next guest runs fine.
+fn bad_hypercall() -> TestResult {
+    let o = run("guest-ops", &["badcall"])?;
+    check_eq!(o.code, 2, format!("exit status ({})", describe(&o)));
+    check!(o.stderr.contains("guest killed by the host: bad hypercall 9999"), "no kill reason: {}", describe(&o));
+    let o = run("guest-ops", &["hello"])?;
+    check_eq!(o.code, 0, format!("hello after the kill ({})", describe(&o)));
+    Ok(())
+}
+
+/// The address of `sym` from /proc/kallsyms (root sees real addresses).
+fn kallsyms(sym: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/kallsyms").ok()?;
+    let line = text.lines().find(|l| l.split_whitespace().nth(2) == Some(sym))?;
+    u64::from_str_radix(line.split_whitespace().next()?, 16).ok().filter(|&a| a != 0)
+}
+
+fn umip() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo").map(|s| s.contains(" umip")).unwrap_or(false)
+}
+
+/// Each privileged or forbidden instruction in ring 3 traps to the host,
+/// which (until traps are reflected) kills the guest naming the exception.
+fn privileged_instructions() -> TestResult {
+    let gp = "#GP general protection";
+    let mut cases: Vec<(&str, Vec<&str>)> = vec![
+        ("cli", vec![gp]),
+        ("sti", vec![gp]),
+        ("hlt", vec![gp]),
+        ("readcr3", vec![gp]),
+        ("writecr3", vec![gp]),
+        ("in", vec![gp]),
+        ("out", vec![gp]),
+        ("wrmsr", vec![gp]),
+        ("rdmsr", vec![gp]),
+        ("syscall", vec!["#UD invalid opcode"]),
+        ("sysenter", vec![gp, "#UD invalid opcode"]),
+        // In long mode the error code of a gate is its byte offset | 2 (IDT).
+        ("int80", vec!["#GP general protection (vector 13, error 0x802)"]),
+        ("int3", vec!["#BP breakpoint"]),
+        ("ud2", vec!["#UD invalid opcode"]),
+        ("fpu", vec!["#NM device not available"]),
+        ("sse", vec!["#NM device not available"]),
+        ("divzero", vec!["#DE divide error"]),
+        ("readnull", vec!["page fault at 0x0 "]),
+    ];
+    if umip() {
+        cases.push(("sgdt", vec![gp]));
+        cases.push(("sidt", vec![gp]));
+    }
+    let mut failures = Vec::new();
+    for (action, wanted) in &cases {
+        let o = run("guest-ops", &[action])?;
+        let killed = o.code == 2 && o.stderr.contains("guest killed by the host:");
+        if !killed || !wanted.iter().any(|w| o.stderr.contains(w)) {
+            failures.push(format!("{action}: wanted a kill with one of {wanted:?}; {}", describe(&o)));
+        }
+    }
+    if !failures.is_empty() {
+        fail!("{}", failures.join("\n"));
+    }
+    if !umip() {
+        println!("# UMIP is not available: sgdt/sidt in the guest reveal the switcher's tables");
+    }
+    Ok(())
+}
+
+/// The switcher's own pages are mapped in the guest's address space but
+/// supervisor-only: reading or writing them from the guest is a protection
+/// fault (error code with P set), never an access. Host kernel addresses
+/// are not mapped at all.
+fn switcher_unreachable() -> TestResult {
+    let Some(value) = kallsyms("lguest_switch_to_guest") else {
+        skip!("lguest_switch_to_guest not in /proc/kallsyms");
+    };
+    let addr = format!("{value:x}");
+    for (action, err) in [("readswitcher", "0x5"), ("writeswitcher", "0x7")] {
+        let o = run("guest-ops", &[action, &addr])?;
+        check_eq!(o.code, 2, format!("{action} exit status ({})", describe(&o)));
+        let want = format!("page fault at {value:#x} (error {err})");
+        check!(o.stderr.contains(&want), "{action}: wanted {want:?}: {}", describe(&o));
+    }
+    let host = "ffffffff81000000";
+    let o = run("guest-ops", &["readswitcher", host])?;
+    check!(o.code == 2 && o.stderr.contains("page fault at 0xffffffff81000000 (error 0x4)"), "host text: {}", describe(&o));
+    Ok(())
+}
+
+/// A guest spinning without hypercalls is stopped by a signal to the
+/// launcher well within a second, and the host keeps running meanwhile.
+fn signal_stops_spinner() -> TestResult {
+    let child = spawn("guest-ops", &["spin"])?;
+    let pid = child.id() as i32;
+    // Let it reach the loop; the host must stay responsive meanwhile.
+    let t0 = Instant::now();
+    let mut n = 0u64;
+    while t0.elapsed() < Duration::from_millis(500) {
+        n += std::fs::read_to_string("/proc/uptime").map(|s| s.len() as u64).unwrap_or(0);
+    }
+    check!(n > 0, "the host did not answer while the guest spun");
+    // SAFETY: Sending a signal to our own child.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let sent = Instant::now();
+    let o = wait(child, Duration::from_secs(5))?;
+    let took = sent.elapsed();
+    check_eq!(o.code, 130, format!("exit status ({})", describe(&o)));
+    check!(o.stderr.contains("interrupted"), "no message: {}", describe(&o));
+    check!(took < Duration::from_secs(1), "the launcher took {took:?} to stop");
+    Ok(())
+}
+
+/// 100000 no-op hypercalls, each a round trip through the switcher.
+fn hypercall_loop() -> TestResult {
+    let o = run("guest-ops", &["hcalls", "100000"])?;
+    check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
+    check!(o.stdout.contains("100000"), "no count in the output: {}", describe(&o));
+    Ok(())
+}
+
+/// Two guests at once on the 2-CPU host, both to completion.
+fn two_guests() -> TestResult {
+    let a = spawn("guest-ops", &["hcalls", "50000"])?;
+    let b = spawn("guest-ops", &["hcalls", "50000"])?;
+    let oa = wait(a, Duration::from_secs(120))?;
+    let ob = wait(b, Duration::from_secs(120))?;
+    check_eq!(oa.code, 0, format!("first guest ({})", describe(&oa)));
+    check_eq!(ob.code, 0, format!("second guest ({})", describe(&ob)));
+    Ok(())
+}
+
+/// A file that is not a guest image gets a clear launcher error, status 1.
+fn bad_image() -> TestResult {
+    let o = wait(
+        Command::new(launcher())
+            .args(["run", "/etc/passwd"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| t::NotPassed::Fail(e.to_string()))?,
+        Duration::from_secs(30),
+    )?;
+    check_eq!(o.code, 1, format!("exit status ({})", describe(&o)));
+    check!(o.stderr.contains("/etc/passwd"), "the error does not name the file: {}", describe(&o));
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    t::run(&[
+        ("hello", hello),
+        ("crash_message", crash_message),
+        ("bad_hypercall", bad_hypercall),
+        ("privileged_instructions", privileged_instructions),
+        ("switcher_unreachable", switcher_unreachable),
+        ("signal_stops_spinner", signal_stops_spinner),
+        ("hypercall_loop", hypercall_loop),
+        ("two_guests", two_guests),
+        ("bad_image", bad_image),
+    ])
+}

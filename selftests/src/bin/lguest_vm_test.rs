@@ -1,0 +1,288 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Tests of the VM ioctls, driven directly (no launcher): argument
+//! validation, ordering errors, registers, the run page and
+//! `immediate_exit`, a tiny hand-assembled guest, kills that stick, and
+//! 1000 create/run/destroy cycles without leaking memory.
+
+use std::fs::File;
+use std::process::ExitCode;
+
+use lguest_abi as abi;
+use lguest_selftests::{self as t, check, check_eq, fail, Mapping, TestResult};
+
+const MEM: usize = 4 << 20;
+const CODE: u64 = 0x10_0000;
+const DATA: u64 = 0x18_0000;
+const MSG: u64 = 0x18_1000;
+
+/// INIT(DATA); NOTIFY(MSG, 0x42); SHUTDOWN(MSG, POWEROFF); jmp .
+const GUEST_OK: &[u8] = &[
+    0xb8, 0x01, 0x00, 0x00, 0x00, // mov $1, %eax        LGUEST_INIT
+    0xbf, 0x00, 0x00, 0x18, 0x00, // mov $0x180000, %edi
+    0xcd, 0x1f, //                   int $0x1f
+    0xb8, 0x11, 0x00, 0x00, 0x00, // mov $17, %eax       NOTIFY
+    0xbf, 0x00, 0x10, 0x18, 0x00, // mov $0x181000, %edi
+    0xbe, 0x42, 0x00, 0x00, 0x00, // mov $0x42, %esi
+    0xcd, 0x1f, //                   int $0x1f
+    0xb8, 0x02, 0x00, 0x00, 0x00, // mov $2, %eax        SHUTDOWN
+    0xbf, 0x00, 0x10, 0x18, 0x00, // mov $0x181000, %edi
+    0xbe, 0x01, 0x00, 0x00, 0x00, // mov $1, %esi        POWEROFF
+    0xcd, 0x1f, //                   int $0x1f
+    0xeb, 0xfe, //                   jmp .
+];
+
+/// INIT(DATA); hypercall 9999; jmp .
+const GUEST_BADCALL: &[u8] = &[
+    0xb8, 0x01, 0x00, 0x00, 0x00, 0xbf, 0x00, 0x00, 0x18, 0x00, 0xcd, 0x1f, //
+    0xb8, 0x0f, 0x27, 0x00, 0x00, // mov $9999, %eax
+    0xcd, 0x1f, 0xeb, 0xfe,
+];
+
+/// A VM built from a code blob: the file, its memory and its run page.
+struct TestVm {
+    f: File,
+    mem: Mapping,
+    run: Option<Mapping>,
+}
+
+fn config(mem: &Mapping, entry: u64) -> abi::LguestVmConfig {
+    abi::LguestVmConfig {
+        mem_base: mem.addr as u64,
+        mem_size: mem.len as u64,
+        device_pages: 0,
+        entry,
+        flags: 0,
+        reserved0: 0,
+        reserved: [0; 4],
+    }
+}
+
+fn open() -> Result<File, t::NotPassed> {
+    t::open_dev().map_err(|e| t::NotPassed::Fail(format!("open {}: {e}", t::DEV)))
+}
+
+impl TestVm {
+    fn new(code: &[u8]) -> Result<Self, t::NotPassed> {
+        let f = open()?;
+        let mem = Mapping::anon(MEM).map_err(|e| t::NotPassed::Fail(format!("mmap: {e}")))?;
+        mem.write(CODE as usize, code);
+        mem.write(MSG as usize, b"bye\0");
+        let mut cfg = config(&mem, CODE);
+        if let Err(e) = t::ioctl_ptr(&f, abi::LGUEST_CREATE_VM, &mut cfg) {
+            fail!("CREATE_VM: {}", t::errname(e));
+        }
+        check_eq!(t::ioctl(&f, abi::LGUEST_CREATE_VCPU, 0), Ok(0), "CREATE_VCPU");
+        let run = Mapping::shared(&f, 4096, 0).map_err(|e| t::NotPassed::Fail(format!("mmap run page: {}", t::errname(e))))?;
+        Ok(Self { f, mem, run: Some(run) })
+    }
+
+    fn run_page(&self) -> &Mapping {
+        self.run.as_ref().expect("run page mapped in new()")
+    }
+
+    fn run(&self) -> Result<i32, i32> {
+        t::ioctl(&self.f, abi::LGUEST_RUN, 0)
+    }
+
+    fn exit_reason(&self) -> u32 {
+        self.run_page().read::<u32>(4)
+    }
+
+    fn message(&self) -> String {
+        let mut s = Vec::new();
+        for i in 0..abi::LGUEST_MESSAGE_LEN {
+            let b: u8 = self.run_page().read(128 + i);
+            if b == 0 {
+                break;
+            }
+            s.push(b);
+        }
+        String::from_utf8_lossy(&s).into_owned()
+    }
+}
+
+/// A guest that makes INIT, NOTIFY and SHUTDOWN: each exit as designed.
+fn tiny_guest_runs() -> TestResult {
+    let vm = TestVm::new(GUEST_OK)?;
+    check_eq!(vm.run(), Ok(0), "first RUN");
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_NOTIFY, "exit reason");
+    check_eq!(vm.run_page().read::<u64>(8), MSG, "notify address");
+    check_eq!(vm.run_page().read::<u64>(16), 0x42, "notify argument");
+    check_eq!(vm.run(), Ok(0), "second RUN");
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_SHUTDOWN, "exit reason");
+    check_eq!(vm.run_page().read::<u64>(24), abi::LGUEST_SHUTDOWN_POWEROFF, "shutdown reason");
+    check_eq!(vm.message(), "bye", "shutdown message");
+    let hcalls: u64 = vm.run_page().read(40);
+    check_eq!(hcalls, 3, "hypercall count");
+    // The host wrote lguest_data: reserve_mem is 1 << 47.
+    let reserve: u64 = vm.mem.read(DATA as usize + 2672);
+    check_eq!(reserve, 1u64 << 47, "lguest_data.reserve_mem");
+    // RIP advanced past the last int $0x1f.
+    let mut regs = abi::LguestVcpuRegs::default();
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_GET_REGS, &mut regs), Ok(0), "GET_REGS");
+    check_eq!(regs.regs.rip, CODE + GUEST_OK.len() as u64 - 2, "rip after SHUTDOWN");
+    Ok(())
+}
+
+/// An invalid hypercall kills the guest, for good.
+fn killed_stays_dead() -> TestResult {
+    let vm = TestVm::new(GUEST_BADCALL)?;
+    for i in 0..3 {
+        check_eq!(vm.run(), Ok(0), format!("RUN #{i}"));
+        check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_KILLED, format!("exit reason #{i}"));
+        check!(vm.message().contains("bad hypercall 9999"), "kill message: {:?}", vm.message());
+    }
+    Ok(())
+}
+
+/// `immediate_exit` makes RUN return EINTR before the guest runs; cleared,
+/// the guest continues where it was.
+fn immediate_exit() -> TestResult {
+    let vm = TestVm::new(GUEST_OK)?;
+    vm.run_page().put::<u8>(0, 1);
+    for _ in 0..100 {
+        check_eq!(vm.run(), Err(libc::EINTR), "RUN with immediate_exit");
+    }
+    vm.run_page().put::<u8>(0, 0);
+    check_eq!(vm.run(), Ok(0), "RUN");
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_NOTIFY, "first exit after the kicks");
+    Ok(())
+}
+
+/// Every malformed CREATE_VM is refused with EINVAL or EFAULT.
+fn create_vm_validation() -> TestResult {
+    let f = open()?;
+    let mem = Mapping::anon(MEM).map_err(|e| t::NotPassed::Fail(format!("mmap: {e}")))?;
+    let good = config(&mem, CODE);
+    let cases: Vec<(&str, abi::LguestVmConfig, i32)> = vec![
+        ("unaligned base", abi::LguestVmConfig { mem_base: good.mem_base + 1, ..good }, libc::EINVAL),
+        ("zero size", abi::LguestVmConfig { mem_size: 0, ..good }, libc::EINVAL),
+        ("size not a page multiple", abi::LguestVmConfig { mem_size: good.mem_size - 1, ..good }, libc::EINVAL),
+        ("too much memory", abi::LguestVmConfig { mem_size: abi::LGUEST_MAX_MEM + 4096, ..good }, libc::EINVAL),
+        ("too many device pages", abi::LguestVmConfig { device_pages: 1 << 40, ..good }, libc::EINVAL),
+        ("entry below 1 MiB", abi::LguestVmConfig { entry: 0x1000, ..good }, libc::EINVAL),
+        ("entry past RAM", abi::LguestVmConfig { entry: good.mem_size, ..good }, libc::EINVAL),
+        ("unknown flag", abi::LguestVmConfig { flags: 1, ..good }, libc::EINVAL),
+        ("reserved field", abi::LguestVmConfig { reserved: [0, 0, 1, 0], ..good }, libc::EINVAL),
+        ("kernel address", abi::LguestVmConfig { mem_base: 0xffff_8880_0000_0000, ..good }, libc::EINVAL),
+        ("wrapping size", abi::LguestVmConfig { mem_base: u64::MAX & !0xfff, ..good }, libc::EINVAL),
+        ("unmapped memory", abi::LguestVmConfig { mem_base: 0x7000_0000_0000, ..good }, libc::EFAULT),
+    ];
+    for (what, mut cfg, want) in cases {
+        check_eq!(t::ioctl_ptr(&f, abi::LGUEST_CREATE_VM, &mut cfg), Err(want), what);
+    }
+    check_eq!(t::ioctl(&f, abi::LGUEST_CREATE_VM, 16), Err(libc::EFAULT), "argument pointer 16");
+    let mut cfg = good;
+    check_eq!(t::ioctl_ptr(&f, abi::LGUEST_CREATE_VM, &mut cfg), Ok(0), "valid CREATE_VM after the bad ones");
+    check_eq!(t::ioctl_ptr(&f, abi::LGUEST_CREATE_VM, &mut cfg), Err(libc::EEXIST), "second CREATE_VM");
+    Ok(())
+}
+
+/// Calls in the wrong order get ENOENT/EINVAL/EBUSY, mmaps of the wrong
+/// shape EINVAL.
+fn ordering_errors() -> TestResult {
+    let f = open()?;
+    let mut regs = abi::LguestVcpuRegs::default();
+    check_eq!(t::ioctl(&f, abi::LGUEST_RUN, 0), Err(libc::ENOENT), "RUN before CREATE_VM");
+    check_eq!(t::ioctl(&f, abi::LGUEST_CREATE_VCPU, 0), Err(libc::ENOENT), "CREATE_VCPU before CREATE_VM");
+    check_eq!(t::ioctl_ptr(&f, abi::LGUEST_GET_REGS, &mut regs), Err(libc::ENOENT), "GET_REGS before CREATE_VM");
+    check_eq!(Mapping::shared(&f, 4096, 0).err(), Some(libc::ENOENT), "mmap before CREATE_VM");
+    let mem = Mapping::anon(MEM).map_err(|e| t::NotPassed::Fail(format!("mmap: {e}")))?;
+    let mut cfg = config(&mem, CODE);
+    check_eq!(t::ioctl_ptr(&f, abi::LGUEST_CREATE_VM, &mut cfg), Ok(0), "CREATE_VM");
+    check_eq!(t::ioctl(&f, abi::LGUEST_RUN, 0), Err(libc::EINVAL), "RUN before CREATE_VCPU");
+    check_eq!(Mapping::shared(&f, 4096, 0).err(), Some(libc::EINVAL), "mmap before CREATE_VCPU");
+    check_eq!(t::ioctl(&f, abi::LGUEST_CREATE_VCPU, 0), Ok(0), "CREATE_VCPU");
+    check_eq!(t::ioctl(&f, abi::LGUEST_CREATE_VCPU, 0), Err(libc::EBUSY), "second CREATE_VCPU");
+    check_eq!(t::ioctl(&f, abi::LGUEST_RUN, 1), Err(libc::EINVAL), "RUN of vCPU 1");
+    check_eq!(t::ioctl(&f, abi::LGUEST_RUN, usize::MAX), Err(libc::EINVAL), "RUN of vCPU ~0");
+    check_eq!(Mapping::shared(&f, 8192, 0).err(), Some(libc::EINVAL), "mmap of two pages");
+    check_eq!(Mapping::shared(&f, 4096, 4096).err(), Some(libc::EINVAL), "mmap of vCPU 1's page");
+    check_eq!(Mapping::file(&f, 4096, 0, libc::MAP_PRIVATE).err(), Some(libc::EINVAL), "private mmap");
+    regs.vcpu = 1;
+    check_eq!(t::ioctl_ptr(&f, abi::LGUEST_GET_REGS, &mut regs), Err(libc::EINVAL), "GET_REGS of vCPU 1");
+    regs.vcpu = 0;
+    regs.pad = 1;
+    check_eq!(t::ioctl_ptr(&f, abi::LGUEST_SET_REGS, &mut regs), Err(libc::EINVAL), "SET_REGS with pad set");
+    check_eq!(t::ioctl(&f, abi::LGUEST_GET_REGS, 8), Err(libc::EFAULT), "GET_REGS to address 8");
+    Ok(())
+}
+
+/// SET_REGS then GET_REGS: registers round-trip; IF stays on, IOPL 0.
+fn regs_roundtrip() -> TestResult {
+    let vm = TestVm::new(GUEST_OK)?;
+    let mut r = abi::LguestVcpuRegs::default();
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_GET_REGS, &mut r), Ok(0), "GET_REGS");
+    check_eq!(r.regs.rip, CODE, "initial rip");
+    check_eq!(r.regs.rflags, 0x202, "initial rflags");
+    let mut w = r;
+    w.regs.rax = 0x1111;
+    w.regs.r15 = 0xf00d;
+    w.regs.rsp = 0x20_0000;
+    // IOPL 3, NT, RF, VM, IF off, DF and CF on.
+    w.regs.rflags = 0x3000 | 0x4000 | 0x1_0000 | 0x2_0000 | 0x400 | 0x1;
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_SET_REGS, &mut w), Ok(0), "SET_REGS");
+    let mut back = abi::LguestVcpuRegs::default();
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_GET_REGS, &mut back), Ok(0), "GET_REGS");
+    check_eq!(back.regs.rax, 0x1111, "rax");
+    check_eq!(back.regs.r15, 0xf00d, "r15");
+    check_eq!(back.regs.rsp, 0x20_0000, "rsp");
+    check_eq!(back.regs.rflags, 0x202 | 0x400 | 0x1, "rflags (clamped)");
+    // The guest still runs from the restored state.
+    check_eq!(vm.run(), Ok(0), "RUN");
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_NOTIFY, "exit reason");
+    Ok(())
+}
+
+/// The launcher unmapping guest memory under a live VM cannot hurt the
+/// host: the guest keeps its pinned pages, host accesses fail cleanly.
+fn munmap_under_guest() -> TestResult {
+    let mut vm = TestVm::new(GUEST_OK)?;
+    let run = vm.run.take();
+    drop(std::mem::replace(&mut vm.mem, Mapping::anon(4096).map_err(|e| t::NotPassed::Fail(e.to_string()))?));
+    vm.run = run;
+    check_eq!(vm.run(), Ok(0), "RUN after munmap");
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_KILLED, "exit reason");
+    check!(vm.message().contains("lguest_data"), "kill message: {:?}", vm.message());
+    Ok(())
+}
+
+/// 1000 create/run/destroy cycles leave free memory where it was.
+fn create_destroy_1000() -> TestResult {
+    let cycle = |i: usize| -> TestResult {
+        let vm = TestVm::new(GUEST_OK)?;
+        check_eq!(vm.run(), Ok(0), format!("cycle {i}: RUN"));
+        check_eq!(vm.run(), Ok(0), format!("cycle {i}: RUN"));
+        check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_SHUTDOWN, format!("cycle {i}: exit"));
+        Ok(())
+    };
+    for i in 0..20 {
+        cycle(i)?;
+    }
+    let settle = || std::thread::sleep(std::time::Duration::from_millis(300));
+    settle();
+    let (free0, slab0) = (t::meminfo("MemFree"), t::meminfo("Slab"));
+    for i in 0..1000 {
+        cycle(i)?;
+    }
+    settle();
+    let (free1, slab1) = (t::meminfo("MemFree"), t::meminfo("Slab"));
+    println!("# MemFree {free0} -> {free1} KiB, Slab {slab0} -> {slab1} KiB over 1000 VMs");
+    // One leaked run page per VM would be 4000 KiB; one shadow table 32000.
+    check!(free1 + 2048 >= free0, "MemFree fell by {} KiB over 1000 VMs", free0 - free1);
+    check!(slab1 <= slab0 + 1024, "Slab grew by {} KiB over 1000 VMs", slab1 - slab0);
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    t::run(&[
+        ("tiny_guest_runs", tiny_guest_runs),
+        ("killed_stays_dead", killed_stays_dead),
+        ("immediate_exit", immediate_exit),
+        ("create_vm_validation", create_vm_validation),
+        ("ordering_errors", ordering_errors),
+        ("regs_roundtrip", regs_roundtrip),
+        ("munmap_under_guest", munmap_under_guest),
+        ("create_destroy_1000", create_destroy_1000),
+    ])
+}
