@@ -5,7 +5,8 @@
 #   qemu.sh MODE [CPU] [TESTS]
 # MODE is test, run or shell (see harness/init); CPU is a QEMU -cpu value
 # (default max: 5-level paging; max,la57=off for 4-level). GDB=1 adds QEMU's
-# gdb stub on :1234 and waits for the debugger. The console goes to stdout.
+# gdb stub on :1234 and waits for the debugger. The console goes to stdout;
+# KTAP_LOG=FILE sends the second serial port (the KTAP stream) to FILE.
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
 MODE=${1:-shell}
@@ -18,6 +19,8 @@ MEM=${QEMU_MEM:-2G}
 args=(-accel tcg -cpu "$CPU" -m "$MEM" -smp 2 -nographic -no-reboot
       -kernel "$OUT/bzImage" -initrd "$OUT/initramfs.gz"
       -append "console=ttyS0 panic=-1 loglevel=6 lgtest.mode=$MODE${TESTS:+ lgtest.tests=$TESTS} ${KARGS:-}")
+# A second serial port for the clean KTAP stream (test mode).
+[ -n "${KTAP_LOG:-}" ] && args+=(-serial mon:stdio -serial "file:$KTAP_LOG")
 if [ "${GDB:-0}" = 1 ]; then
 	args+=(-s -S)
 	echo "[qemu] waiting for gdb: gdb $OUT/kernel-tree/vmlinux -ex 'target remote :1234'" >&2

@@ -41,7 +41,7 @@ for cpu in $CPUS; do
 	log="$CACHE/logs/$stamp-$FLAVOUR-${cpu//[,=]/_}.log"
 	echo "[test] booting the QEMU host ($label, watchdog ${WATCHDOG}s); console log: $log"
 	set +e
-	timeout -s KILL "$WATCHDOG" bash "$REPO/scripts/qemu.sh" test "$cpu" "${T:-}" </dev/null 2>&1 \
+	KTAP_LOG="${log%.log}.ktap" timeout -s KILL "$WATCHDOG" bash "$REPO/scripts/qemu.sh" test "$cpu" "${T:-}" </dev/null 2>&1 \
 		| tee "$log" | grep --line-buffered -E '^(TAP|1\.\.|ok|not ok|# (ok|not ok|selftests|.*: )|lguest-harness)' 
 	set -e
 	logs+=("$label::$log")

@@ -223,6 +223,94 @@ fn two_guests() -> TestResult {
     Ok(())
 }
 
+/// Pins `pid` (0: the caller) to `cpu`.
+fn pin(pid: i32, cpu: usize) -> bool {
+    // SAFETY: cpu_set_t is plain data; the calls only read it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    }
+}
+
+/// The NMI count of `cpu` from /proc/interrupts.
+fn nmi_count(cpu: usize) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/interrupts").ok()?;
+    let line = text.lines().find(|l| l.trim_start().starts_with("NMI:"))?;
+    line.split_whitespace().nth(1 + cpu)?.parse().ok()
+}
+
+/// Sends an NMI to every other CPU `times` times (SysRq-L, the NMI
+/// backtrace). The backtraces it prints are expected: they are bracketed by
+/// markers in the kernel log that the harness's report scan skips.
+fn nmi_all_but_self(times: usize) -> Result<(), String> {
+    let kmsg = |m: &str| std::fs::write("/dev/kmsg", m);
+    kmsg("<5>lguest-selftest: expected backtraces begin\n").map_err(|e| e.to_string())?;
+    let mut res = Ok(());
+    for _ in 0..times {
+        if let Err(e) = std::fs::write("/proc/sysrq-trigger", "l") {
+            res = Err(e.to_string());
+            break;
+        }
+    }
+    let _ = kmsg("<5>lguest-selftest: expected backtraces end\n");
+    res
+}
+
+/// NMIs that arrive while a guest runs on a CPU, whether in the guest or in
+/// the switcher's entry and exit paths, all reach the host's NMI handler:
+/// the CPU's NMI count goes up by exactly the number sent. The guests carry
+/// on undisturbed.
+fn nmi_not_lost() -> TestResult {
+    if nmi_count(1).is_none() {
+        skip!("needs two CPUs and an NMI line in /proc/interrupts");
+    }
+    if !std::path::Path::new("/proc/sysrq-trigger").exists() {
+        skip!("no /proc/sysrq-trigger (CONFIG_MAGIC_SYSRQ)");
+    }
+    check!(pin(0, 0), "cannot pin the test to CPU 0");
+    let result = (|| -> TestResult {
+        // A guest that stays in ring 3, then one that switches all the time.
+        for (args, sends) in [(&["spin"][..], 20usize), (&["hcalls", "300000"][..], 60usize)] {
+            let child = spawn("guest-ops", args)?;
+            let pid = child.id() as i32;
+            check!(pin(pid, 1), "cannot pin the launcher to CPU 1");
+            std::thread::sleep(Duration::from_millis(300));
+            let before = nmi_count(1).unwrap_or(0);
+            if let Err(e) = nmi_all_but_self(sends) {
+                fail!("SysRq-L: {e}");
+            }
+            let after = nmi_count(1).unwrap_or(0);
+            let o = if args[0] == "spin" {
+                // SAFETY: Signalling our own child.
+                unsafe { libc::kill(pid, libc::SIGINT) };
+                let o = wait(child, Duration::from_secs(5))?;
+                check_eq!(o.code, 130, format!("spinner exit ({})", describe(&o)));
+                o
+            } else {
+                let o = wait(child, Duration::from_secs(120))?;
+                check_eq!(o.code, 0, format!("hypercall guest exit ({})", describe(&o)));
+                check!(o.stdout.contains("300000"), "hypercall guest output: {}", describe(&o));
+                o
+            };
+            let _ = o;
+            println!("# {}: CPU 1 took {} NMIs for {sends} sent", args[0], after - before);
+            check_eq!(after - before, sends as u64, format!("NMIs counted on CPU 1 while running {:?}", args));
+        }
+        Ok(())
+    })();
+    pin(0, 0);
+    // SAFETY: as in `pin`; back to every CPU.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for c in 0..2 {
+            libc::CPU_SET(c, &mut set);
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+    result
+}
+
 /// A file that is not a guest image gets a clear launcher error, status 1.
 fn bad_image() -> TestResult {
     let o = wait(
@@ -249,6 +337,7 @@ fn main() -> ExitCode {
         ("signal_stops_spinner", signal_stops_spinner),
         ("hypercall_loop", hypercall_loop),
         ("two_guests", two_guests),
+        ("nmi_not_lost", nmi_not_lost),
         ("bad_image", bad_image),
     ])
 }
