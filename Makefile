@@ -8,13 +8,14 @@
 #   make shell    boot the QEMU host with lguest.ko loaded and give a shell
 #   make gdb      the same, stopped at the first instruction, gdb stub on :1234
 #   make debug-test   the suite on the debug kernel (KASAN, lockdep, kmemleak)
+#   make bench    the benchmarks (instruction counts and ratios)
 #   make setup / kernel / build   the individual steps
 #   make check    rustfmt and clippy on the userspace crates
 
 SHELL := /bin/bash
 S := scripts
 
-.PHONY: all setup kernel build test run shell gdb debug-test check clean
+.PHONY: all setup kernel build test run shell gdb debug-test bench check clean
 
 all: build
 
@@ -32,6 +33,9 @@ test:
 
 debug-test:
 	FLAVOUR=debug bash $(S)/test.sh
+
+bench:
+	bash $(S)/bench.sh
 
 run: build
 	@echo "[run] booting the QEMU host; Ctrl-A X leaves QEMU"

@@ -1,35 +1,58 @@
 // SPDX-License-Identifier: GPL-2.0
 //! What lguest requires of the host, checked once when the module loads.
 //!
-//! The switcher will depend on the host's control registers being in a state
-//! it knows how to save and restore. Anything it does not support yet makes
-//! `insmod` fail with a message in the kernel log that says why, instead of
-//! a crash the first time a guest runs.
+//! The switcher saves and restores a known set of CPU state. A host whose
+//! control registers are in a state it does not handle makes `insmod` fail
+//! with a message in the kernel log that says why, instead of a crash the
+//! first time a guest runs. What is merely weaker (no UMIP) is reported.
 
 use kernel::prelude::*;
 
+use crate::helpers;
+
+/// CR4 bits the switcher cares about.
+const CR4_UMIP: u64 = 1 << 11;
+const CR4_LA57: u64 = 1 << 12;
+const CR4_PCIDE: u64 = 1 << 17;
+const CR4_SMEP: u64 = 1 << 20;
+const CR4_SMAP: u64 = 1 << 21;
+const CR4_PKE: u64 = 1 << 22;
+const CR4_CET: u64 = 1 << 23;
 /// CR4.FRED (bit 32): flexible return and event delivery replaces the IDT
 /// entry path the switcher relies on.
-const X86_CR4_FRED: u64 = 1 << 32;
-
-/// Reads the current CPU's CR4.
-fn read_cr4() -> u64 {
-    let cr4: u64;
-    // SAFETY: Reading CR4 has no side effects; the module runs in ring 0, and
-    // the instruction touches neither memory nor the stack.
-    unsafe {
-        core::arch::asm!("mov {}, cr4", out(reg) cr4, options(nomem, nostack, preserves_flags));
-    }
-    cr4
-}
+const CR4_FRED: u64 = 1 << 32;
+/// EFER bits.
+const EFER_LMA: u64 = 1 << 10;
+const EFER_NXE: u64 = 1 << 11;
 
 /// Refuses hosts that lguest cannot run on, saying why in the kernel log.
 pub(crate) fn check_host() -> Result {
-    let cr4 = read_cr4();
-    if cr4 & X86_CR4_FRED != 0 {
-        pr_err!("lguest: FRED is active on this host (CR4.FRED); boot with fred=off to use lguest\n");
+    let cr4 = helpers::read_cr4();
+    let efer = helpers::read_efer();
+    if cr4 & CR4_FRED != 0 {
+        pr_err!("lguest: FRED is active on this host (CR4.FRED); the switcher needs IDT event delivery: boot with fred=off\n");
         return Err(ENODEV);
     }
-    pr_info!("lguest: host CR4 {:#x}, ABI version {}\n", cr4, crate::uapi::LGUEST_API_VERSION);
+    if efer & EFER_LMA == 0 || efer & EFER_NXE == 0 {
+        pr_err!("lguest: needs long mode with no-execute pages (EFER {:#x})\n", efer);
+        return Err(ENODEV);
+    }
+    let on = |bit: u64| if cr4 & bit != 0 { "on" } else { "off" };
+    let levels = if cr4 & CR4_LA57 != 0 { 5 } else { 4 };
+    pr_info!(
+        "lguest: host CR4 {:#x}: {}-level paging, PCID {}, SMEP {}, SMAP {}, PKE {}, CET {}, UMIP {}; ABI version {}\n",
+        cr4,
+        levels,
+        on(CR4_PCIDE),
+        on(CR4_SMEP),
+        on(CR4_SMAP),
+        on(CR4_PKE),
+        on(CR4_CET),
+        on(CR4_UMIP),
+        crate::uapi::LGUEST_API_VERSION
+    );
+    if cr4 & CR4_UMIP == 0 {
+        pr_warn!("lguest: UMIP is off: guests can read the addresses of the switcher's GDT and IDT with sgdt/sidt\n");
+    }
     Ok(())
 }

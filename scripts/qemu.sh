@@ -19,6 +19,9 @@ MEM=${QEMU_MEM:-2G}
 args=(-accel tcg -cpu "$CPU" -m "$MEM" -smp 2 -nographic -no-reboot
       -kernel "$OUT/bzImage" -initrd "$OUT/initramfs.gz"
       -append "console=ttyS0 panic=-1 loglevel=6 lgtest.mode=$MODE${TESTS:+ lgtest.tests=$TESTS} ${KARGS:-}")
+# ICOUNT=1: guest time advances one nanosecond per instruction, so that
+# benchmark figures are instruction counts and repeatable.
+[ "${ICOUNT:-0}" = 1 ] && args+=(-icount shift=0)
 # A second serial port for the clean KTAP stream (test mode).
 [ -n "${KTAP_LOG:-}" ] && args+=(-serial mon:stdio -serial "file:$KTAP_LOG")
 if [ "${GDB:-0}" = 1 ]; then

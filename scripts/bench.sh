@@ -1,0 +1,38 @@
+#!/bin/bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# `make bench`: the benchmarks. Prints the static instruction count of one
+# world switch (from lguest.ko), then boots the QEMU host with
+# `-icount shift=0` (ICOUNT=0 to turn that off) and runs lguest_bench.
+set -euo pipefail
+. "$(dirname "$0")/env.sh"
+OUT=$(bash "$REPO/scripts/build.sh")
+
+# Instructions on each path of the switcher, counted between its labels in
+# lguest.ko (every instruction on the path, branches included).
+python3 - "$OUT/module/lguest.ko" <<'PY'
+import re, subprocess, sys
+ko = sys.argv[1]
+syms = {}
+for l in subprocess.run(["llvm-objdump-19", "-t", ko], capture_output=True, text=True).stdout.splitlines():
+    f = l.split()
+    if len(f) >= 5 and f[-1].startswith("lguest_"):
+        syms[f[-1]] = (int(f[0], 16), int(f[-2], 16))
+addrs = [int(m.group(1), 16) for m in re.finditer(r"^ +([0-9a-f]+):\s",
+         subprocess.run(["llvm-objdump-19", "-d", "--no-show-raw-insn", ko], capture_output=True, text=True).stdout, re.M)]
+def n(a, b):
+    return sum(1 for x in addrs if a <= x < b)
+entry = n(syms["lguest_switch_to_guest"][0], syms["lguest_iretq"][0] + 1)
+back = n(syms["lguest_host_return"][0], syms["lguest_exit_common"][0])
+rs = syms["lguest_restore_host"]
+out = 4 + n(syms["lguest_exit_common"][0], rs[0] + rs[1])
+print(f"bench: switcher_insns_entry {entry} insns (lguest_switch_to_guest to the iretq)")
+print(f"bench: switcher_insns_exit {out + back} insns (stub, lguest_exit_common, lguest_restore_host, return)")
+print(f"bench: switcher_insns_round_trip {entry + out + back} insns")
+PY
+
+log="$CACHE/logs/$(date +%Y%m%d-%H%M%S)-bench.log"
+mkdir -p "$CACHE/logs"
+ICOUNT=${ICOUNT:-1} KTAP_LOG="${log%.log}.out" timeout -s KILL 1200 \
+	bash "$REPO/scripts/qemu.sh" bench "${CPU:-max}" </dev/null >"$log" 2>&1 || true
+grep '^bench:' "${log%.log}.out" || { tail -20 "$log"; echo "bench: failed (log $log)"; exit 1; }

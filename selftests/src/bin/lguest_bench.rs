@@ -1,0 +1,53 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Benchmarks (not tests: they assert nothing and print numbers).
+//!
+//! - hypercall round trip: a guest makes N no-op hypercalls and times them
+//!   with the TSC; the same run times N `getpid` system calls on the host.
+//!   The ratio is what TCG cannot distort much; under `-icount shift=0` the
+//!   TSC advances with instructions, so both are instruction counts.
+//!
+//! Output: one `bench: name value unit` line per figure.
+
+use std::process::Command;
+
+fn rdtsc() -> u64 {
+    // SAFETY: rdtsc only reads the time-stamp counter.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+fn getpid_cycles(n: u64) -> f64 {
+    let start = rdtsc();
+    for _ in 0..n {
+        // SAFETY: getpid has no preconditions.
+        unsafe { libc::syscall(libc::SYS_getpid) };
+    }
+    (rdtsc() - start) as f64 / n as f64
+}
+
+fn hypercall_cycles(n: u64) -> Option<f64> {
+    let guests = std::env::var("LGUEST_GUESTS").unwrap_or_else(|_| "/usr/share/lguest/guests".into());
+    let out = Command::new(std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into()))
+        .args(["run", "--memory", "16M", &format!("{guests}/guest-ops"), "hcalls", &n.to_string()])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.contains("TSC cycles"))?;
+    let cycles: f64 = line.split_whitespace().find_map(|w| w.parse().ok())?;
+    Some(cycles / n as f64)
+}
+
+fn main() {
+    let n = 200_000;
+    let getpid = getpid_cycles(n);
+    println!("bench: getpid {getpid:.0} cycles");
+    match hypercall_cycles(n) {
+        Some(h) => {
+            println!("bench: hypercall_round_trip {h:.0} cycles");
+            println!("bench: hypercall_vs_getpid {:.2} ratio", h / getpid);
+        }
+        None => {
+            println!("bench: hypercall_round_trip failed");
+            std::process::exit(1);
+        }
+    }
+}
