@@ -22,7 +22,10 @@ use kernel::{
     },
     new_mutex,
     prelude::*,
-    sync::Mutex,
+    sync::{
+        Arc,
+        Mutex, //
+    },
     transmute::{
         AsBytes,
         FromBytes, //
@@ -39,6 +42,7 @@ use crate::{
         LguestVcpuRegs,
         LguestVmConfig, //
     },
+    irq::VcpuIrq,
     vm::Vm,
 };
 
@@ -55,6 +59,9 @@ unsafe impl AsBytes for LguestVcpuRegs {}
 pub(crate) struct LguestFile {
     #[pin]
     vm: Mutex<Option<Vm>>,
+    /// The (single) vCPU's interrupt state: `LGUEST_IRQ` reaches it without
+    /// the VM mutex, which RUN holds.
+    irq: Arc<VcpuIrq>,
 }
 
 impl LguestFile {
@@ -73,7 +80,7 @@ impl LguestFile {
     fn create_vcpu(&self) -> Result<isize> {
         let mut guard = self.vm.lock();
         let vm = Option::as_mut(&mut *guard).ok_or(ENOENT)?;
-        Ok(vm.create_vcpu()? as isize)
+        Ok(vm.create_vcpu(self.irq.clone())? as isize)
     }
 
     fn run(&self, vcpu: usize) -> Result<isize> {
@@ -112,9 +119,11 @@ impl MiscDevice for LguestFile {
     type Ptr = Pin<KBox<Self>>;
 
     fn open(_file: &File, _misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
+        let irq = VcpuIrq::new()?;
         KBox::try_pin_init(
             try_pin_init!(LguestFile {
                 vm <- new_mutex!(None, "LguestFile::vm"),
+                irq,
             }),
             GFP_KERNEL,
         )
@@ -130,6 +139,13 @@ impl MiscDevice for LguestFile {
             uapi::LGUEST_RUN => this.run(arg),
             uapi::LGUEST_GET_REGS => this.get_regs(arg),
             uapi::LGUEST_SET_REGS => this.set_regs(arg),
+            uapi::LGUEST_IRQ => {
+                if arg >= uapi::LGUEST_IRQS {
+                    return Err(EINVAL);
+                }
+                this.irq.raise(arg as u32);
+                Ok(0)
+            }
             _ => Err(ENOTTY),
         }
     }

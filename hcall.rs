@@ -18,6 +18,7 @@ use kernel::{
 };
 
 use crate::{
+    interrupts,
     uapi::{
         self,
         HcallArgs,
@@ -143,14 +144,21 @@ fn dispatch(vm: &mut Vm, index: usize, a: &HcallArgs, in_ring: bool) -> Result<O
         uapi::LHCALL_LGUEST_INIT => init(vm, index, a.arg1).map(|()| None),
         uapi::LHCALL_SHUTDOWN => shutdown(vm, a.arg1, a.arg2).map(Some),
         uapi::LHCALL_NOTIFY => Ok(Some(UserExit::Notify { addr: a.arg1, arg: a.arg2 })),
-        // No interrupt source exists yet that could end a halt.
-        uapi::LHCALL_HALT => Ok(Some(UserExit::Halt)),
+        uapi::LHCALL_HALT => interrupts::halt(vm, index).map(|()| None),
+        uapi::LHCALL_LOAD_IDT_ENTRY => interrupts::load_idt_entry(vm, index, a.arg1, a.arg2, a.arg3).map(|()| None),
+        uapi::LHCALL_SET_CLOCKEVENT => {
+            let v = &mut vm.vcpus[index];
+            // Dropping the old event cancels it.
+            v.clock = None;
+            if a.arg1 != 0 {
+                v.clock = Some(v.irq.arm(a.arg1));
+            }
+            Ok(None)
+        }
         uapi::LHCALL_NEW_PGTABLE
         | uapi::LHCALL_FLUSH_TLB
-        | uapi::LHCALL_LOAD_IDT_ENTRY
         | uapi::LHCALL_SET_STACK
         | uapi::LHCALL_TS
-        | uapi::LHCALL_SET_CLOCKEVENT
         | uapi::LHCALL_SET_PMD
         | uapi::LHCALL_SET_PTE
         | uapi::LHCALL_SET_PGD
@@ -185,7 +193,7 @@ fn init(vm: &mut Vm, index: usize, gpa: u64) -> Result<(), Kill> {
 }
 
 /// Writes the wall-clock time into `lguest_data` at `gpa`.
-fn write_time(vm: &Vm, gpa: u64) -> Result {
+pub(crate) fn write_time(vm: &Vm, gpa: u64) -> Result {
     let mut ts = bindings::timespec64 { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `ts` is a valid timespec64 to fill in.
     unsafe { bindings::ktime_get_real_ts64(&mut ts) };

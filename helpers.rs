@@ -18,6 +18,9 @@ mod ffi {
         pub(super) fn lg_signal_pending() -> i32;
         pub(super) fn lg_cond_resched();
         pub(super) fn lg_try_to_freeze() -> bool;
+        pub(super) fn lg_set_current_interruptible();
+        pub(super) fn lg_set_current_running();
+        pub(super) fn lg_schedule();
         pub(super) fn lg_read_cr4() -> usize;
         pub(super) fn lg_read_cr3() -> usize;
         pub(super) fn lg_read_efer() -> usize;
@@ -94,6 +97,26 @@ pub(crate) fn cond_resched() {
 pub(crate) fn try_to_freeze() -> bool {
     // SAFETY: As for cond_resched(): process context, may sleep.
     unsafe { ffi::lg_try_to_freeze() }
+}
+
+/// Marks the current task as about to sleep (interruptible, freezable).
+/// Between this and [`set_current_running`] nothing may sleep.
+pub(crate) fn set_current_interruptible() {
+    // SAFETY: set_current_state() only changes the current task's state.
+    unsafe { ffi::lg_set_current_interruptible() }
+}
+
+/// Marks the current task as running again.
+pub(crate) fn set_current_running() {
+    // SAFETY: As above.
+    unsafe { ffi::lg_set_current_running() }
+}
+
+/// Sleeps until woken (after [`set_current_interruptible`]).
+pub(crate) fn schedule() {
+    // SAFETY: Process context, no spinlock held (the run loop holds only
+    // the VM mutex, which may be held across sleeps).
+    unsafe { ffi::lg_schedule() }
 }
 
 /// The current CPU's CR4.

@@ -58,6 +58,21 @@ bool lg_try_to_freeze(void)
 	return try_to_freeze();
 }
 
+void lg_set_current_interruptible(void)
+{
+	set_current_state(TASK_INTERRUPTIBLE | TASK_FREEZABLE);
+}
+
+void lg_set_current_running(void)
+{
+	__set_current_state(TASK_RUNNING);
+}
+
+void lg_schedule(void)
+{
+	schedule();
+}
+
 unsigned long lg_read_cr4(void)
 {
 	return __read_cr4();

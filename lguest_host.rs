@@ -7,6 +7,8 @@
 //! - [`host`]: what the module requires of the host CPU, checked at load;
 //! - [`dev`]: the `/dev/lguest` misc device and its ioctls;
 //! - [`vm`]: a guest and its run loop; [`hcall`]: its hypercalls;
+//! - [`interrupts`]: the guest's IDT, delivery, `irq_pending`, HALT;
+//! - [`irq`]: interrupt sources: pending bits, the clock-event timer;
 //! - [`mm`]: pinned guest memory and shadow page tables;
 //! - [`switcher`] (with `switcher_64.S`): the trip into the guest and back;
 //! - [`helpers`] (with `lg_helpers.c`): the few raw kernel calls;
@@ -26,6 +28,8 @@ mod dev;
 mod hcall;
 mod helpers;
 mod host;
+mod interrupts;
+mod irq;
 mod mm;
 mod switcher;
 mod vm;

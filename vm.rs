@@ -8,8 +8,12 @@
 //! with a signal (and `immediate_exit`), not with another ioctl.
 
 use kernel::{
+    current,
     prelude::*,
-    str::CString,
+    sync::{
+        aref::ARef,
+        Arc, //
+    },
     uaccess::{
         UserPtr,
         UserSlice, //
@@ -19,7 +23,6 @@ use kernel::{
 use crate::{
     hcall::{
         self,
-        kill,
         Kill, //
     },
     helpers,
@@ -33,6 +36,15 @@ use crate::{
         PTE_P,
         PTE_RW,
         PTE_US, //
+    },
+    interrupts::{
+        self,
+        GuestGate,
+        Halted, //
+    },
+    irq::{
+        ClockEvent,
+        VcpuIrq, //
     },
     switcher::{
         Exit,
@@ -61,6 +73,16 @@ pub(crate) enum UserExit {
 pub(crate) struct Vcpu {
     /// Registers and what the switcher needs.
     pub(crate) cpu: GuestCpu,
+    /// The guest's interrupt descriptor table (`LHCALL_LOAD_IDT_ENTRY`).
+    pub(crate) idt: KBox<[GuestGate; 256]>,
+    /// Interrupt sources, shared with the timer and other threads.
+    pub(crate) irq: Arc<VcpuIrq>,
+    /// The armed clock event, if any (dropping it cancels the timer).
+    pub(crate) clock: Option<ClockEvent>,
+    /// The guest made `LHCALL_HALT` and waits for an interrupt.
+    pub(crate) halted: bool,
+    /// What we last wrote to `lguest_data.irq_pending`.
+    pub(crate) irq_pending_set: bool,
     /// The run page shared with the launcher (mmap at `index * 4096`).
     run: HostPage,
     /// Guest-physical address of `struct lguest_data`, once registered.
@@ -133,8 +155,9 @@ impl Vm {
         })
     }
 
-    /// Creates the next vCPU; returns its index.
-    pub(crate) fn create_vcpu(&mut self) -> Result<u32> {
+    /// Creates the next vCPU, with its interrupt state `irq`; returns its
+    /// index.
+    pub(crate) fn create_vcpu(&mut self, irq: Arc<VcpuIrq>) -> Result<u32> {
         let index = self.vcpus.len() as u32;
         if index >= uapi::LGUEST_MAX_VCPUS {
             return Err(EBUSY);
@@ -145,6 +168,11 @@ impl Vm {
         self.vcpus.push(
             Vcpu {
                 cpu,
+                idt: KBox::new([GuestGate::default(); 256], GFP_KERNEL)?,
+                irq,
+                clock: None,
+                halted: false,
+                irq_pending_set: false,
                 run: HostPage::new()?,
                 lguest_data: None,
                 next_hcall: 0,
@@ -193,6 +221,10 @@ impl Vm {
         if self.vcpus[index].immediate_exit() {
             return Err(EINTR);
         }
+        // While we are in here, interrupt sources wake and kick this thread.
+        let irq = self.vcpus[index].irq.clone();
+        irq.set_task(Some(ARef::from(&**current!())));
+        let _unregister = ScopeGuard(|| irq.set_task(None));
         loop {
             if let Some(reason) = &self.dead {
                 let v = &self.vcpus[index];
@@ -205,38 +237,54 @@ impl Vm {
             helpers::try_to_freeze();
             helpers::cond_resched();
 
+            if self.vcpus[index].halted {
+                match interrupts::wait_halted(self, index) {
+                    Ok(Halted::Wake) => {}
+                    Ok(Halted::Slept) => continue,
+                    Ok(Halted::Never) => {
+                        self.vcpus[index].halted = false;
+                        self.vcpus[index].report(UserExit::Halt);
+                        return Ok(0);
+                    }
+                    Err(k) => {
+                        self.kill(k);
+                        continue;
+                    }
+                }
+            }
+            if let Err(k) = interrupts::maybe_deliver(self, index) {
+                self.kill(k);
+                continue;
+            }
+
             let vcpu = &mut self.vcpus[index];
             let exit = sw.run_once(&mut self.shadow, &mut vcpu.cpu)?;
             vcpu.stat_exits += 1;
             let Exit::Trap { vector, error, cr2 } = exit else {
                 continue;
             };
-            if vector == uapi::LGUEST_TRAP_ENTRY as u64 {
-                match hcall::do_hypercalls(self, index) {
-                    Ok(None) => continue,
-                    Ok(Some(exit)) => {
-                        self.vcpus[index].report(exit);
-                        return Ok(0);
-                    }
-                    Err(reason) => {
-                        self.kill(reason);
-                        continue;
-                    }
-                }
-            }
-            let rip = self.vcpus[index].cpu.regs.rip;
-            let reason: Result<(), Kill> = if vector == 14 {
-                kill!("page fault at {cr2:#x} (error {error:#x}) at rip {rip:#x}")
+            let outcome = if vector == uapi::LGUEST_TRAP_ENTRY as u64 {
+                hcall::do_hypercalls(self, index)
             } else {
-                kill!(
-                    "unhandled trap: {} (vector {vector}, error {error:#x}) at rip {rip:#x}",
-                    trap_name(vector)
-                )
+                interrupts::reflect_trap(self, index, vector, error, cr2).map(|()| None)
             };
-            if let Err(k) = reason {
-                self.kill(k);
+            match outcome {
+                Ok(None) => continue,
+                Ok(Some(exit)) => {
+                    self.vcpus[index].report(exit);
+                    return Ok(0);
+                }
+                Err(reason) => self.kill(reason),
             }
         }
+    }
+
+    /// The guest-physical address of guest-virtual `[va, va + len)`, if it
+    /// is mapped (for now the linear map: RAM above 1 MiB, virtual equal to
+    /// physical).
+    pub(crate) fn guest_va_to_gpa(&self, va: u64, len: usize) -> Option<u64> {
+        let end = va.checked_add(len as u64)?;
+        (va >= uapi::LGUEST_LOAD_MIN && end <= self.mem.size()).then_some(va)
     }
 
     /// Copies `buf.len()` bytes of guest-physical memory at `gpa` into `buf`.
@@ -307,7 +355,7 @@ impl Vcpu {
 }
 
 /// The name of an exception vector, for kill messages.
-fn trap_name(vector: u64) -> &'static str {
+pub(crate) fn trap_name(vector: u64) -> &'static str {
     match vector {
         0 => "#DE divide error",
         1 => "#DB debug",
@@ -325,5 +373,14 @@ fn trap_name(vector: u64) -> &'static str {
         19 => "#XM SIMD error",
         21 => "#CP control protection",
         _ => "exception",
+    }
+}
+
+/// Runs a closure when dropped.
+struct ScopeGuard<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for ScopeGuard<F> {
+    fn drop(&mut self) {
+        (self.0)()
     }
 }

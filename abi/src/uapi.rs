@@ -63,6 +63,10 @@ pub const LGUEST_GET_REGS: u32 = ioc(IOC_READ | IOC_WRITE, LGUEST_IOC_MAGIC, 0x4
 /// `LGUEST_SET_REGS`: write a vCPU's registers ([`LguestVcpuRegs`]).
 pub const LGUEST_SET_REGS: u32 = ioc(IOC_WRITE, LGUEST_IOC_MAGIC, 0x45, core::mem::size_of::<LguestVcpuRegs>());
 
+/// `LGUEST_IRQ`: raise guest interrupt `arg` (0..[`LGUEST_IRQS`]) from any
+/// thread; a halted vCPU wakes, a running one is kicked out of the guest.
+pub const LGUEST_IRQ: u32 = ioc(IOC_NONE, LGUEST_IOC_MAGIC, 0x46, 0);
+
 /// The most memory a guest may have (4 GiB): guest-physical addresses stay
 /// far below the switcher, and the initial linear map stays small.
 pub const LGUEST_MAX_MEM: u64 = 4 << 30;
