@@ -18,6 +18,32 @@ fn rust_side() -> BTreeMap<&'static str, u64> {
         ("LGUEST_IOC_MAGIC", abi::LGUEST_IOC_MAGIC as u64),
         ("LGUEST_API_VERSION", abi::LGUEST_API_VERSION as u64),
         ("LGUEST_GET_API_VERSION", abi::LGUEST_GET_API_VERSION as u64),
+        ("LGUEST_CREATE_VM", abi::LGUEST_CREATE_VM as u64),
+        ("LGUEST_CREATE_VCPU", abi::LGUEST_CREATE_VCPU as u64),
+        ("LGUEST_RUN", abi::LGUEST_RUN as u64),
+        ("LGUEST_GET_REGS", abi::LGUEST_GET_REGS as u64),
+        ("LGUEST_SET_REGS", abi::LGUEST_SET_REGS as u64),
+        ("LGUEST_IRQ", abi::LGUEST_IRQ as u64),
+        ("LGUEST_MAX_MEM", abi::LGUEST_MAX_MEM),
+        ("LGUEST_MAX_DEVICE_PAGES", abi::LGUEST_MAX_DEVICE_PAGES),
+        ("LGUEST_MAX_VCPUS", abi::LGUEST_MAX_VCPUS as u64),
+        ("LGUEST_RUN_PAGE_SIZE", abi::LGUEST_RUN_PAGE_SIZE as u64),
+        ("LGUEST_MESSAGE_LEN", abi::LGUEST_MESSAGE_LEN as u64),
+        ("LGUEST_IRQS", abi::LGUEST_IRQS as u64),
+        ("LGUEST_EXIT_NOTIFY", abi::LGUEST_EXIT_NOTIFY as u64),
+        ("LGUEST_EXIT_SHUTDOWN", abi::LGUEST_EXIT_SHUTDOWN as u64),
+        ("LGUEST_EXIT_KILLED", abi::LGUEST_EXIT_KILLED as u64),
+        ("LGUEST_EXIT_HALT", abi::LGUEST_EXIT_HALT as u64),
+        ("LGUEST_SHUTDOWN_POWEROFF", abi::LGUEST_SHUTDOWN_POWEROFF),
+        ("LGUEST_SHUTDOWN_RESTART", abi::LGUEST_SHUTDOWN_RESTART),
+        ("LGUEST_SHUTDOWN_CRASH", abi::LGUEST_SHUTDOWN_CRASH),
+        ("LGUEST_CMDLINE_MAX", abi::LGUEST_CMDLINE_MAX as u64),
+        ("LGUEST_LOAD_MIN", abi::LGUEST_LOAD_MIN),
+        ("LGUEST_GUEST_CS", abi::LGUEST_GUEST_CS),
+        ("LGUEST_GUEST_SS", abi::LGUEST_GUEST_SS),
+        ("LHCALL_RING_SIZE", abi::LHCALL_RING_SIZE as u64),
+        ("LHCALL_STATUS_DONE", abi::LHCALL_STATUS_DONE as u64),
+        ("X86_EFLAGS_IF", abi::X86_EFLAGS_IF),
         ("LGUEST_TRAP_ENTRY", abi::LGUEST_TRAP_ENTRY as u64),
         ("LHCALL_FLUSH_ASYNC", abi::LHCALL_FLUSH_ASYNC),
         ("LHCALL_LGUEST_INIT", abi::LHCALL_LGUEST_INIT),
@@ -39,6 +65,48 @@ fn rust_side() -> BTreeMap<&'static str, u64> {
     ])
 }
 
+/// Sizes and field offsets of the shared structs, as C expressions...
+fn layout_exprs() -> Vec<(String, String)> {
+    let mut v = Vec::new();
+    for (c, fields) in STRUCTS {
+        v.push((format!("sizeof {c}"), format!("sizeof(struct {c})")));
+        for f in *fields {
+            v.push((format!("offsetof {c}.{f}"), format!("__builtin_offsetof(struct {c}, {f})")));
+        }
+    }
+    v
+}
+
+/// ...and the same from Rust.
+fn rust_layout() -> BTreeMap<String, u64> {
+    use core::mem::{offset_of, size_of};
+    macro_rules! layout {
+        ($c:literal, $t:ty, [$($f:ident),*]) => {{
+            let mut m = vec![(format!("sizeof {}", $c), size_of::<$t>() as u64)];
+            $( m.push((format!("offsetof {}.{}", $c, stringify!($f)), offset_of!($t, $f) as u64)); )*
+            m
+        }};
+    }
+    let mut all = Vec::new();
+    all.extend(layout!("lguest_vm_config", abi::LguestVmConfig, [mem_base, mem_size, device_pages, entry, flags, reserved0, reserved]));
+    all.extend(layout!("lguest_regs", abi::LguestRegs, [rax, r15, rip, rsp, rflags]));
+    all.extend(layout!("lguest_vcpu_regs", abi::LguestVcpuRegs, [vcpu, pad, regs]));
+    all.extend(layout!("lguest_run", abi::LguestRun, [immediate_exit, exit_reason, notify_addr, notify_arg, shutdown_reason, stat_exits, stat_hypercalls, reserved, message]));
+    all.extend(layout!("hcall_args", abi::HcallArgs, [arg0, arg4]));
+    all.extend(layout!("lguest_data", abi::LguestData, [irq_enabled, blocked_interrupts, cr2, time, irq_pending, hcall_status, hcalls, reserve_mem, tsc_khz, noirq_iret, kernel_address, syscall_vec]));
+    all.into_iter().collect()
+}
+
+/// The structs checked, with the fields whose offsets are compared.
+const STRUCTS: &[(&str, &[&str])] = &[
+    ("lguest_vm_config", &["mem_base", "mem_size", "device_pages", "entry", "flags", "reserved0", "reserved"]),
+    ("lguest_regs", &["rax", "r15", "rip", "rsp", "rflags"]),
+    ("lguest_vcpu_regs", &["vcpu", "pad", "regs"]),
+    ("lguest_run", &["immediate_exit", "exit_reason", "notify_addr", "notify_arg", "shutdown_reason", "stat_exits", "stat_hypercalls", "reserved", "message"]),
+    ("hcall_args", &["arg0", "arg4"]),
+    ("lguest_data", &["irq_enabled", "blocked_interrupts", "cr2", "time", "irq_pending", "hcall_status", "hcalls", "reserve_mem", "tsc_khz", "noirq_iret", "kernel_address", "syscall_vec"]),
+];
+
 #[test]
 fn c_header_matches_rust() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -59,6 +127,9 @@ fn c_header_matches_rust() {
     for n in &names {
         prog += &format!("\tprintf(\"{n} %llu\\n\", (unsigned long long)({n}));\n");
     }
+    for (key, expr) in layout_exprs() {
+        prog += &format!("\tprintf(\"{key} %llu\\n\", (unsigned long long)({expr}));\n");
+    }
     prog += "\treturn 0;\n}\n";
     std::fs::write(&src, prog).unwrap();
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
@@ -76,20 +147,21 @@ fn c_header_matches_rust() {
         .unwrap()
         .lines()
         .map(|l| {
-            let (n, v) = l.split_once(' ').unwrap();
+            let (n, v) = l.rsplit_once(' ').unwrap();
             (n.to_string(), v.parse().unwrap())
         })
         .collect();
 
-    let rust = rust_side();
+    let mut rust = rust_side().into_iter().map(|(k, v)| (k.to_string(), v)).collect::<BTreeMap<String, u64>>();
+    rust.extend(rust_layout());
     for (name, value) in &c_side {
-        match rust.get(name.as_str()) {
+        match rust.get(name) {
             Some(v) => assert_eq!(v, value, "{name}: Rust {v:#x}, C {value:#x}"),
             None => panic!("{name} is in the C header but not in rust_side()"),
         }
     }
     for name in rust.keys() {
-        assert!(c_side.contains_key(*name), "{name} is in Rust but not in the C header");
+        assert!(c_side.contains_key(name), "{name} is in Rust but not in the C header");
     }
 }
 

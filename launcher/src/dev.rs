@@ -149,6 +149,18 @@ impl Lguest {
         }
     }
 
+    /// Raises guest interrupt `irq` (`LGUEST_IRQ`); safe from any thread,
+    /// also while another thread is inside RUN.
+    pub fn irq(&self, irq: u32) -> Result<(), DevError> {
+        // SAFETY: LGUEST_IRQ takes the interrupt number as a plain integer
+        // and touches no memory of ours.
+        let ret = unsafe { libc::ioctl(self.file.as_raw_fd(), abi::LGUEST_IRQ as _, libc::c_ulong::from(irq)) };
+        if ret < 0 {
+            return Err(DevError::Ioctl { what: "LGUEST_IRQ", source: io::Error::last_os_error() });
+        }
+        Ok(())
+    }
+
     /// Reads vCPU `vcpu`'s registers (`LGUEST_GET_REGS`).
     pub fn get_regs(&self, vcpu: u32) -> Result<abi::LguestRegs, DevError> {
         let mut arg = abi::LguestVcpuRegs { vcpu, pad: 0, regs: abi::LguestRegs::default() };

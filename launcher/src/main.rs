@@ -37,6 +37,17 @@ struct Cli {
     command: Command,
 }
 
+/// Parses `MS:IRQ` for `--irq-every`.
+fn parse_irq_every(s: &str) -> Result<(u64, u32), String> {
+    let (ms, irq) = s.split_once(':').ok_or("expected MS:IRQ, e.g. 5:1")?;
+    let ms: u64 = ms.parse().map_err(|_| format!("bad period {ms:?}"))?;
+    let irq: u32 = irq.parse().map_err(|_| format!("bad IRQ {irq:?}"))?;
+    if ms == 0 || irq as usize >= lguest_abi::LGUEST_IRQS {
+        return Err(format!("period must be > 0 and IRQ below {}", lguest_abi::LGUEST_IRQS));
+    }
+    Ok((ms, irq))
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Show the module's ABI version and check that it matches this launcher.
@@ -50,6 +61,10 @@ enum Command {
         /// least 2M, at most 4G, a multiple of 4K.
         #[arg(short, long, value_name = "SIZE", default_value = boot::DEFAULT_MEM, value_parser = boot::parse_mem_size)]
         memory: u64,
+        /// Raise guest interrupt IRQ every MS milliseconds from another
+        /// thread (for testing interrupt delivery).
+        #[arg(long, value_name = "MS:IRQ", value_parser = parse_irq_every)]
+        irq_every: Option<(u64, u32)>,
         /// The guest ELF image.
         #[arg(value_name = "GUEST.elf")]
         guest: PathBuf,
@@ -93,11 +108,12 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(log_level(cli.verbose))).init();
     let res = match &cli.command {
         Command::Version => version(&cli).map(|()| 0),
-        Command::Run { memory, guest, args } => run::run(&run::RunOptions {
+        Command::Run { memory, irq_every, guest, args } => run::run(&run::RunOptions {
             device: cli.device.clone(),
             mem_size: *memory,
             guest: guest.clone(),
             args: args.clone(),
+            irq_every: *irq_every,
         }),
     };
     match res {
@@ -127,7 +143,7 @@ mod tests {
     #[test]
     fn run_defaults() {
         let cli = parse(&["run", "guest.elf"]).expect("parse");
-        let Command::Run { memory, guest, args } = cli.command else { panic!("not run") };
+        let Command::Run { memory, guest, args, .. } = cli.command else { panic!("not run") };
         assert_eq!(memory, 64 << 20);
         assert_eq!(guest, PathBuf::from("guest.elf"));
         assert!(args.is_empty());

@@ -37,6 +37,9 @@ pub struct RunOptions {
     pub guest: PathBuf,
     /// The guest's arguments, joined with spaces into its command line.
     pub args: Vec<OsString>,
+    /// Raise an interrupt periodically from another thread: (period in
+    /// milliseconds, IRQ). For testing interrupt delivery.
+    pub irq_every: Option<(u64, u32)>,
 }
 
 /// Runs the guest and returns the launcher's exit status.
@@ -80,8 +83,24 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
     page.set_immediate_exit(false);
     let guard = signals::install(&page)?;
     let stdout = io::stdout();
-    let result =
-        run_loop(&DevVcpu { lg: &lg, index: vcpu, page: &page }, &mem, &mut stdout.lock(), &signals::interrupted);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let result = std::thread::scope(|scope| {
+        if let Some((ms, irq)) = opts.irq_every {
+            let (lg, stop) = (&lg, &stop);
+            scope.spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(std::time::Duration::from_millis(ms));
+                    if let Err(e) = lg.irq(irq) {
+                        log::warn!("raising IRQ {irq}: {e}");
+                        break;
+                    }
+                }
+            });
+        }
+        let r = run_loop(&DevVcpu { lg: &lg, index: vcpu, page: &page }, &mem, &mut stdout.lock(), &signals::interrupted);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        r
+    });
     drop(guard);
 
     let stats = page.stats();

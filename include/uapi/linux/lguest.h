@@ -2,8 +2,9 @@
 /*
  * lguest: the /dev/lguest ioctl ABI and the guest ABI, for C users.
  *
- * The definition is abi/src/uapi.rs; `cargo test -p lguest-abi` compiles
- * this header and checks every number and layout here against it.
+ * The definition is abi/src/uapi.rs (documented there and in
+ * Documentation/api.rst); `cargo test -p lguest-abi` compiles this header
+ * and checks every number, struct size and field offset here against it.
  */
 #ifndef _UAPI_LINUX_LGUEST_H
 #define _UAPI_LINUX_LGUEST_H
@@ -14,11 +15,72 @@
 #define LGUEST_IOC_MAGIC	0xAF
 #define LGUEST_API_VERSION	1
 
-/* Returns LGUEST_API_VERSION. */
+#define LGUEST_MAX_MEM		(4ULL << 30)
+#define LGUEST_MAX_DEVICE_PAGES	256
+#define LGUEST_MAX_VCPUS	1
+#define LGUEST_RUN_PAGE_SIZE	4096
+#define LGUEST_MESSAGE_LEN	256
+#define LGUEST_IRQS		64
+
+struct lguest_vm_config {
+	__u64 mem_base;		/* launcher address of guest-physical 0 */
+	__u64 mem_size;		/* bytes of RAM, page multiple */
+	__u64 device_pages;	/* pages of the device window above RAM */
+	__u64 entry;		/* first instruction */
+	__u32 flags;		/* must be 0 */
+	__u32 reserved0;	/* must be 0 */
+	__u64 reserved[4];	/* must be 0 */
+};
+
+struct lguest_regs {
+	__u64 rax, rbx, rcx, rdx, rsi, rdi, rbp;
+	__u64 r8, r9, r10, r11, r12, r13, r14, r15;
+	__u64 rip, rsp, rflags;
+};
+
+struct lguest_vcpu_regs {
+	__u32 vcpu;
+	__u32 pad;		/* must be 0 */
+	struct lguest_regs regs;
+};
+
+#define LGUEST_EXIT_NOTIFY	1
+#define LGUEST_EXIT_SHUTDOWN	2
+#define LGUEST_EXIT_KILLED	3
+#define LGUEST_EXIT_HALT	4
+
+#define LGUEST_SHUTDOWN_POWEROFF 1
+#define LGUEST_SHUTDOWN_RESTART	2
+#define LGUEST_SHUTDOWN_CRASH	3
+
+/* The run page: mmap(MAP_SHARED) of the file at vcpu * 4096. */
+struct lguest_run {
+	__u8 immediate_exit;	/* set by the launcher; RUN returns -EINTR */
+	__u8 pad0[3];
+	__u32 exit_reason;	/* LGUEST_EXIT_* */
+	__u64 notify_addr;
+	__u64 notify_arg;
+	__u64 shutdown_reason;	/* LGUEST_SHUTDOWN_* */
+	__u64 stat_exits;
+	__u64 stat_hypercalls;
+	__u64 reserved[10];
+	__u8 message[LGUEST_MESSAGE_LEN];	/* NUL-terminated */
+};
+
 #define LGUEST_GET_API_VERSION	_IO(LGUEST_IOC_MAGIC, 0x40)
+#define LGUEST_CREATE_VM	_IOW(LGUEST_IOC_MAGIC, 0x41, struct lguest_vm_config)
+#define LGUEST_CREATE_VCPU	_IO(LGUEST_IOC_MAGIC, 0x42)
+#define LGUEST_RUN		_IO(LGUEST_IOC_MAGIC, 0x43)
+#define LGUEST_GET_REGS		_IOWR(LGUEST_IOC_MAGIC, 0x44, struct lguest_vcpu_regs)
+#define LGUEST_SET_REGS		_IOW(LGUEST_IOC_MAGIC, 0x45, struct lguest_vcpu_regs)
+#define LGUEST_IRQ		_IO(LGUEST_IOC_MAGIC, 0x46)
 
 /* The guest ABI: hypercalls are made with `int $LGUEST_TRAP_ENTRY`. */
 #define LGUEST_TRAP_ENTRY	0x1F
+#define LGUEST_CMDLINE_MAX	4096
+#define LGUEST_LOAD_MIN		0x100000
+#define LGUEST_GUEST_CS		0x33
+#define LGUEST_GUEST_SS		0x2b
 
 #define LHCALL_FLUSH_ASYNC	0
 #define LHCALL_LGUEST_INIT	1
@@ -37,5 +99,34 @@
 #define LHCALL_NOTIFY		17
 #define LHCALL_LOAD_GDT_ENTRY	18
 #define LHCALL_SEND_INTERRUPTS	19
+
+#define LHCALL_RING_SIZE	64
+#define LHCALL_STATUS_DONE	0xFF
+#define X86_EFLAGS_IF		0x200
+
+struct hcall_args {
+	__u64 arg0, arg1, arg2, arg3, arg4;
+};
+
+struct lguest_time {
+	__u64 sec, nsec;
+};
+
+struct lguest_data {
+	__u64 irq_enabled;
+	__u64 blocked_interrupts[LGUEST_IRQS / 64];
+	__u64 cr2;
+	struct lguest_time time;
+	__u64 irq_pending;
+	__u8 hcall_status[LHCALL_RING_SIZE];
+	struct hcall_args hcalls[LHCALL_RING_SIZE];
+	__u64 reserve_mem;
+	__u32 tsc_khz;
+	__u32 pad0;
+	__u64 noirq_iret;
+	__u64 kernel_address;
+	__u32 syscall_vec;
+	__u32 pad1;
+};
 
 #endif /* _UAPI_LINUX_LGUEST_H */
