@@ -192,6 +192,12 @@ pub struct Mapping {
     pub len: usize,
 }
 
+// SAFETY: The mapping is plain memory owned by this value; all accesses go
+// through volatile reads and writes, as with memory shared with the kernel.
+unsafe impl Send for Mapping {}
+// SAFETY: As above.
+unsafe impl Sync for Mapping {}
+
 impl Mapping {
     /// Maps `len` bytes of private anonymous memory, read-write.
     pub fn anon(len: usize) -> io::Result<Self> {

@@ -6,8 +6,16 @@
 //! fields (`irq_pending`, `time`, `cr2`, `reserve_mem`, ...) while the guest
 //! is not running, so every access goes through a volatile read or write of
 //! one field: the compiler must neither cache nor elide them.
+//!
+//! Interrupt handlers run on the guest's one vCPU in the middle of any code,
+//! so a read-modify-write of a field the guest itself changes in a handler
+//! must be one instruction: [`block_irq`] and [`unblock_irq`] use atomic
+//! `lock or`/`lock and` on `blocked_interrupts`. The entry stubs of
+//! [`crate::interrupts`] write `irq_enabled` from assembly (the paravirt
+//! `iret`), which is why [`LGUEST_DATA`] is visible to the crate.
 
 use core::ptr::{addr_of, addr_of_mut};
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use lguest_abi::{
     HcallArgs, LguestData, LguestTime, LGUEST_IRQS, LHCALL_LGUEST_INIT, LHCALL_RING_SIZE, LHCALL_STATUS_DONE,
@@ -23,8 +31,10 @@ use crate::virt_to_phys;
 struct DataPage(GuestCell<LguestData>);
 
 /// The state at boot: virtual interrupts off, every interrupt line blocked
-/// (this guest handles none yet), the async hypercall ring empty (every
-/// entry `LHCALL_STATUS_DONE`), nothing written by the host yet.
+/// (a line is unblocked when its handler is installed, see
+/// [`crate::interrupts`]), the async hypercall ring empty (every entry
+/// `LHCALL_STATUS_DONE`), nothing written by the host yet. `noirq_iret` is
+/// filled in by [`init`] before the page is registered.
 const INITIAL: LguestData = LguestData {
     irq_enabled: 0,
     blocked_interrupts: [u64::MAX; LGUEST_IRQS / 64],
@@ -42,8 +52,10 @@ const INITIAL: LguestData = LguestData {
     pad1: 0,
 };
 
-/// The shared page. Only the volatile accessors below touch it.
-static LGUEST_DATA: DataPage = DataPage(GuestCell::new(INITIAL));
+/// The shared page. Only the volatile and atomic accessors below touch it,
+/// and the paravirt `iret` of [`crate::interrupts`] (one `popq` into
+/// `irq_enabled`, from assembly, by symbol).
+pub(crate) static LGUEST_DATA: DataPage = DataPage(GuestCell::new(INITIAL));
 
 /// A raw pointer to the shared page.
 fn data() -> *mut LguestData {
@@ -52,7 +64,13 @@ fn data() -> *mut LguestData {
 
 /// Registers the shared page with the host (`LHCALL_LGUEST_INIT`). Called
 /// once, first thing, by `lguest_start`.
+///
+/// `noirq_iret` (the address of the one `iretq` of the interrupt return
+/// path) is written first, so the host has it from the start, long before
+/// the guest can enable interrupts.
 pub(crate) fn init() {
+    // SAFETY: as in `irq_enabled`; the host only reads this field.
+    unsafe { addr_of_mut!((*data()).noirq_iret).write_volatile(crate::interrupts::noirq_iret()) }
     // SAFETY: the argument is the guest-physical address of a page-aligned
     // `LguestData` in a static, which lives (and stays where it is) for as
     // long as the guest runs; the host may write it at any time the guest is
@@ -86,6 +104,54 @@ pub fn irq_pending() -> u64 {
     unsafe { addr_of!((*data()).irq_pending).read_volatile() }
 }
 
+/// Reads `noirq_iret`: the address of the `iretq` the host never
+/// interrupts (written at [`init`]).
+pub fn noirq_iret() -> u64 {
+    // SAFETY: as in `irq_enabled`.
+    unsafe { addr_of!((*data()).noirq_iret).read_volatile() }
+}
+
+/// Reads `cr2`: the faulting address of the last page fault the host
+/// delivered to the guest. A page-fault handler reads it first thing (the
+/// #PF gate is an interrupt gate, so no interrupt can come in between and
+/// fault again).
+#[inline]
+pub fn cr2() -> u64 {
+    // SAFETY: as in `irq_enabled`.
+    unsafe { addr_of!((*data()).cr2).read_volatile() }
+}
+
+/// `blocked_interrupts[0]` as an atomic: bit `n` blocks IRQ `n`.
+fn blocked() -> &'static AtomicU64 {
+    // SAFETY: the field is an aligned u64 in a static that lives for ever;
+    // the guest only ever touches it through this atomic (the host reads it
+    // while the guest is stopped, which is no concurrent Rust access).
+    unsafe { AtomicU64::from_ptr(addr_of_mut!((*data()).blocked_interrupts[0])) }
+}
+
+/// Reads `blocked_interrupts[0]`: bit `n` set means the host never delivers
+/// IRQ `n`.
+pub fn blocked_interrupts() -> u64 {
+    blocked().load(Ordering::Relaxed)
+}
+
+/// Sets the bit of IRQ `irq` (0..63) in `blocked_interrupts`: the host holds
+/// it back until [`unblock_irq`]. Larger numbers are ignored.
+pub fn block_irq(irq: u8) {
+    if let Some(bit) = 1u64.checked_shl(u32::from(irq)) {
+        // One `lock or`: an interrupt handler cannot slip in between.
+        blocked().fetch_or(bit, Ordering::Relaxed);
+    }
+}
+
+/// Clears the bit of IRQ `irq` (0..63) in `blocked_interrupts`: the host may
+/// deliver it (when virtual interrupts are on). Larger numbers are ignored.
+pub fn unblock_irq(irq: u8) {
+    if let Some(bit) = 1u64.checked_shl(u32::from(irq)) {
+        blocked().fetch_and(!bit, Ordering::Relaxed);
+    }
+}
+
 /// Reads `reserve_mem`: the guest must not use virtual addresses at or
 /// above it (the switcher lives there). 0 until the host has written it.
 pub fn reserve_mem() -> u64 {
@@ -99,7 +165,8 @@ pub fn tsc_khz() -> u32 {
     unsafe { addr_of!((*data()).tsc_khz).read_volatile() }
 }
 
-/// Reads the wall-clock time the host last wrote.
+/// Reads the wall-clock time the host last wrote (at `LHCALL_LGUEST_INIT`
+/// and at every interrupt or trap it delivers).
 pub fn time() -> LguestTime {
     // SAFETY: as in `irq_enabled`; each u64 is read once, so a torn pair is
     // possible only if the host wrote it between the reads, which it cannot

@@ -38,6 +38,33 @@ const GUEST_BADCALL: &[u8] = &[
     0xcd, 0x1f, 0xeb, 0xfe,
 ];
 
+/// INIT(DATA); jmp . — a guest that spins forever without exits of its own.
+const GUEST_SPIN: &[u8] = &[0xb8, 0x01, 0x00, 0x00, 0x00, 0xbf, 0x00, 0x00, 0x18, 0x00, 0xcd, 0x1f, 0xeb, 0xfe];
+
+/// Stack at 0x170000; INIT(DATA); blocked_interrupts = ~(1 << 1);
+/// LOAD_IDT_ENTRY(33, 0x100200, interrupt gate); HALT; jmp .
+/// At 0x100200, the IRQ 1 handler: SHUTDOWN(MSG, POWEROFF).
+fn guest_halt_irq1() -> Vec<u8> {
+    let mut code = vec![
+        0xbc, 0x00, 0x00, 0x17, 0x00, // mov $0x170000, %esp
+        0xb8, 0x01, 0x00, 0x00, 0x00, 0xbf, 0x00, 0x00, 0x18, 0x00, 0xcd, 0x1f, // INIT
+        0x48, 0xc7, 0x04, 0x25, 0x08, 0x00, 0x18, 0x00, 0xfd, 0xff, 0xff, 0xff, // movq $~2, 0x180008
+        0xb8, 0x06, 0x00, 0x00, 0x00, // mov $6, %eax          LOAD_IDT_ENTRY
+        0xbf, 0x21, 0x00, 0x00, 0x00, // mov $33, %edi
+        0xbe, 0x00, 0x02, 0x10, 0x00, // mov $0x100200, %esi
+        0xba, 0x0e, 0x00, 0x00, 0x00, // mov $0xe, %edx
+        0xcd, 0x1f, //
+        0xb8, 0x0a, 0x00, 0x00, 0x00, 0xcd, 0x1f, // HALT
+        0xeb, 0xfe,
+    ];
+    code.resize(0x200, 0x90);
+    code.extend_from_slice(&[
+        0xb8, 0x02, 0x00, 0x00, 0x00, 0xbf, 0x00, 0x10, 0x18, 0x00, 0xbe, 0x01, 0x00, 0x00, 0x00, 0xcd, 0x1f, // SHUTDOWN
+        0xeb, 0xfe,
+    ]);
+    code
+}
+
 /// A VM built from a code blob: the file, its memory and its run page.
 struct TestVm {
     f: File,
@@ -274,6 +301,145 @@ fn create_destroy_1000() -> TestResult {
     Ok(())
 }
 
+/// CPU time (user + system, in clock ticks) of thread `tid` of this process.
+fn thread_ticks(tid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // Fields 14 and 15 of the file; `after` starts at field 3.
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
+/// A halted guest sleeps without using the CPU; LGUEST_IRQ from another
+/// thread wakes it and the interrupt reaches its handler.
+fn halt_sleeps_irq_wakes() -> TestResult {
+    let vm = TestVm::new(&guest_halt_irq1())?;
+    let tid = std::sync::atomic::AtomicI32::new(0);
+    let outcome = std::thread::scope(|s| {
+        let runner = s.spawn(|| {
+            // SAFETY: gettid has no preconditions.
+            tid.store(unsafe { libc::gettid() }, std::sync::atomic::Ordering::SeqCst);
+            vm.run()
+        });
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let t = tid.load(std::sync::atomic::Ordering::SeqCst);
+        let before = thread_ticks(t);
+        std::thread::sleep(std::time::Duration::from_millis(2000));
+        let used = thread_ticks(t) - before;
+        let still_running = !runner.is_finished();
+        let raised = t::ioctl(&vm.f, abi::LGUEST_IRQ, 1);
+        let r = runner.join();
+        (used, still_running, raised, r)
+    });
+    let (used, still_running, raised, r) = outcome;
+    check!(still_running, "RUN returned while the guest should be halted");
+    println!("# halted for 2 s using {used} clock ticks of CPU");
+    // 5% of 2 s is 10 ticks at USER_HZ 100.
+    check!(used <= 10, "a halted guest used {used} ticks (over 5% of a CPU) in 2 s");
+    check_eq!(raised, Ok(0), "LGUEST_IRQ 1");
+    check_eq!(r.ok(), Some(Ok(0)), "RUN");
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_SHUTDOWN, "exit after the interrupt");
+    check_eq!(vm.message(), "bye", "the handler's shutdown message");
+    check_eq!(t::ioctl(&vm.f, abi::LGUEST_IRQ, 64), Err(libc::EINVAL), "LGUEST_IRQ 64");
+    Ok(())
+}
+
+static KICK_BYTE: std::sync::atomic::AtomicPtr<u8> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+extern "C" fn kick_handler(_sig: i32) {
+    let p = KICK_BYTE.load(std::sync::atomic::Ordering::SeqCst);
+    if !p.is_null() {
+        // SAFETY: `p` is the run page's immediate_exit byte, mapped for the
+        // whole test; a volatile byte store is async-signal-safe.
+        unsafe { p.write_volatile(1) };
+    }
+}
+
+/// 100000 kicks from another thread: each ends exactly one RUN with EINTR
+/// (none lost: RUN would spin forever; none spurious: every EINTR follows
+/// its own kick). The kick is a signal whose handler sets immediate_exit;
+/// no signal masks are touched.
+fn kicks_100000() -> TestResult {
+    use std::sync::atomic::{AtomicI32, AtomicU64, Ordering::SeqCst};
+    const N: u64 = 100_000;
+    let vm = TestVm::new(GUEST_SPIN)?;
+    KICK_BYTE.store(vm.run_page().addr, SeqCst);
+    // SAFETY: installing a handler that only does a volatile store.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = kick_handler as *const () as usize;
+        sa.sa_flags = 0; // no SA_RESTART: RUN must return EINTR
+        libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut());
+    }
+    let sent = AtomicU64::new(0);
+    let done = AtomicU64::new(0);
+    let runner_tid = AtomicI32::new(0);
+    let pthread = std::sync::atomic::AtomicU64::new(0);
+    let result: Result<(), String> = std::thread::scope(|s| {
+        let runner = s.spawn(|| -> Result<(), String> {
+            // SAFETY: gettid/pthread_self have no preconditions.
+            unsafe {
+                runner_tid.store(libc::gettid(), SeqCst);
+                pthread.store(libc::pthread_self() as u64, SeqCst);
+            }
+            for i in 0..N {
+                let r = vm.run();
+                if r != Err(libc::EINTR) {
+                    return Err(format!("RUN #{i} returned {r:?}, expected EINTR"));
+                }
+                if sent.load(SeqCst) != i + 1 {
+                    return Err(format!("RUN #{i} ended with EINTR but kick #{i} was not sent yet (spurious)"));
+                }
+                vm.run_page().put::<u8>(0, 0);
+                done.store(i + 1, SeqCst);
+            }
+            Ok(())
+        });
+        while pthread.load(SeqCst) == 0 {
+            std::hint::spin_loop();
+        }
+        let th = pthread.load(SeqCst) as libc::pthread_t;
+        let mut err = None;
+        for i in 0..N {
+            sent.store(i + 1, SeqCst);
+            // SAFETY: signalling a live thread of ours.
+            unsafe { libc::pthread_kill(th, libc::SIGUSR1) };
+            let t0 = std::time::Instant::now();
+            while done.load(SeqCst) < i + 1 && !runner.is_finished() {
+                if t0.elapsed() > std::time::Duration::from_secs(10) {
+                    err = Some(format!("kick #{i} was lost: RUN did not return within 10 s"));
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+            if err.is_some() || runner.is_finished() {
+                break;
+            }
+        }
+        if err.is_some() {
+            // Free the runner: keep kicking until it gives up.
+            while !runner.is_finished() {
+                // SAFETY: as above.
+                unsafe { libc::pthread_kill(th, libc::SIGUSR1) };
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        let r = runner.join().map_err(|_| "runner panicked".to_string()).and_then(|r| r);
+        match err {
+            Some(e) => Err(e),
+            None => r,
+        }
+    });
+    KICK_BYTE.store(std::ptr::null_mut(), SeqCst);
+    let _ = runner_tid;
+    if let Err(e) = result {
+        fail!("{e}");
+    }
+    check_eq!(done.load(SeqCst), N, "RUNs ended by kicks");
+    println!("# {N} kicks, {N} RUNs ended with EINTR");
+    Ok(())
+}
+
 fn main() -> ExitCode {
     t::run(&[
         ("tiny_guest_runs", tiny_guest_runs),
@@ -284,5 +450,7 @@ fn main() -> ExitCode {
         ("regs_roundtrip", regs_roundtrip),
         ("munmap_under_guest", munmap_under_guest),
         ("create_destroy_1000", create_destroy_1000),
+        ("halt_sleeps_irq_wakes", halt_sleeps_irq_wakes),
+        ("kicks_100000", kicks_100000),
     ])
 }
