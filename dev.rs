@@ -39,13 +39,19 @@ use kernel::{
 use crate::{
     uapi::{
         self,
+        LguestIrqfd,
         LguestVcpuRegs,
         LguestVmConfig, //
     },
-    irq::VcpuIrq,
+    irq::{
+        IrqFd,
+        VcpuIrq, //
+    },
     vm::Vm,
 };
 
+// SAFETY: `LguestIrqfd` is `repr(C)`, four 32-bit integers, no padding.
+unsafe impl FromBytes for LguestIrqfd {}
 // SAFETY: `LguestVmConfig` is `repr(C)` with only integer fields and no
 // padding (its size is asserted in uapi.rs), so any bytes are a valid value.
 unsafe impl FromBytes for LguestVmConfig {}
@@ -62,6 +68,9 @@ pub(crate) struct LguestFile {
     /// The (single) vCPU's interrupt state: `LGUEST_IRQ` reaches it without
     /// the VM mutex, which RUN holds.
     irq: Arc<VcpuIrq>,
+    /// Eventfds bound to interrupts. Never held with `vm`.
+    #[pin]
+    irqfds: Mutex<KVec<IrqFd>>,
 }
 
 impl LguestFile {
@@ -101,6 +110,32 @@ impl LguestFile {
         Ok(0)
     }
 
+    fn irqfd(&self, arg: usize) -> Result<isize> {
+        let req: LguestIrqfd =
+            UserSlice::new(UserPtr::from_addr(arg), core::mem::size_of::<LguestIrqfd>()).reader().read()?;
+        if req.pad != 0 || req.irq as usize >= uapi::LGUEST_IRQS || req.fd < 0 {
+            return Err(EINVAL);
+        }
+        let mut fds = self.irqfds.lock();
+        match req.flags {
+            0 => {
+                if fds.len() >= uapi::LGUEST_MAX_IRQFDS {
+                    return Err(ENOSPC);
+                }
+                if fds.iter().any(|f| f.is(req.fd, req.irq)) {
+                    return Err(EEXIST);
+                }
+                fds.push(IrqFd::attach(&self.irq, req.fd, req.irq)?, GFP_KERNEL)?;
+            }
+            uapi::LGUEST_IRQFD_DEASSIGN => {
+                let i = fds.iter().position(|f| f.is(req.fd, req.irq)).ok_or(ENOENT)?;
+                drop(fds.remove(i)?);
+            }
+            _ => return Err(EINVAL),
+        }
+        Ok(0)
+    }
+
     fn set_regs(&self, arg: usize) -> Result<isize> {
         let req: LguestVcpuRegs = UserSlice::new(UserPtr::from_addr(arg), core::mem::size_of::<LguestVcpuRegs>())
             .reader()
@@ -124,6 +159,7 @@ impl MiscDevice for LguestFile {
             try_pin_init!(LguestFile {
                 vm <- new_mutex!(None, "LguestFile::vm"),
                 irq,
+                irqfds <- new_mutex!(KVec::new(), "LguestFile::irqfds"),
             }),
             GFP_KERNEL,
         )
@@ -139,6 +175,7 @@ impl MiscDevice for LguestFile {
             uapi::LGUEST_RUN => this.run(arg),
             uapi::LGUEST_GET_REGS => this.get_regs(arg),
             uapi::LGUEST_SET_REGS => this.set_regs(arg),
+            uapi::LGUEST_IRQFD => this.irqfd(arg),
             uapi::LGUEST_IRQ => {
                 if arg >= uapi::LGUEST_IRQS {
                     return Err(EINVAL);

@@ -26,6 +26,9 @@ mod ffi {
         pub(super) fn lg_read_efer() -> usize;
         pub(super) fn lg_cpu_id() -> u32;
         pub(super) fn lg_page_offset_base() -> usize;
+        pub(super) fn lg_irqfd_attach(fd: i32, data: *mut core::ffi::c_void, irq: u32, err: *mut i32) -> *mut core::ffi::c_void;
+        pub(super) fn lg_irqfd_detach(irqfd: *mut core::ffi::c_void);
+        pub(super) fn lg_irqfd_matches(irqfd: *mut core::ffi::c_void, fd: i32) -> bool;
         pub(super) fn lguest_switch_to_guest(block: *mut u8);
         pub(super) fn lguest_deliver_to_host(handler: usize);
         pub(super) static lguest_switcher_start: u8;
@@ -117,6 +120,42 @@ pub(crate) fn schedule() {
     // SAFETY: Process context, no spinlock held (the run loop holds only
     // the VM mutex, which may be held across sleeps).
     unsafe { ffi::lg_schedule() }
+}
+
+/// Binds eventfd `fd` so that each signal calls `lguest_irqfd_fire(data,
+/// irq)`. Returns the binding or the error.
+///
+/// # Safety
+///
+/// `data` must stay valid until [`irqfd_detach`] returns.
+pub(crate) unsafe fn irqfd_attach(fd: i32, data: *mut core::ffi::c_void, irq: u32) -> kernel::error::Result<*mut core::ffi::c_void> {
+    let mut err = 0i32;
+    // SAFETY: `err` is a valid out-parameter; the caller keeps `data` alive.
+    let p = unsafe { ffi::lg_irqfd_attach(fd, data, irq, &mut err) };
+    if p.is_null() {
+        return Err(kernel::error::Error::from_errno(err));
+    }
+    Ok(p)
+}
+
+/// Unbinds an irqfd; after this no callback runs for it.
+///
+/// # Safety
+///
+/// `irqfd` must come from [`irqfd_attach`] and not be detached yet.
+pub(crate) unsafe fn irqfd_detach(irqfd: *mut core::ffi::c_void) {
+    // SAFETY: Guaranteed by the caller.
+    unsafe { ffi::lg_irqfd_detach(irqfd) }
+}
+
+/// Whether `irqfd` is bound to the eventfd behind `fd`.
+///
+/// # Safety
+///
+/// `irqfd` must be a live binding from [`irqfd_attach`].
+pub(crate) unsafe fn irqfd_matches(irqfd: *mut core::ffi::c_void, fd: i32) -> bool {
+    // SAFETY: Guaranteed by the caller.
+    unsafe { ffi::lg_irqfd_matches(irqfd, fd) }
 }
 
 /// The current CPU's CR4.

@@ -142,3 +142,66 @@ impl VcpuIrq {
         self.clone().start(Delta::from_nanos(ns as i64))
     }
 }
+
+/// An eventfd bound to a guest interrupt: each signal of the eventfd raises
+/// the interrupt, from the signaller's context (no launcher round trip).
+///
+/// # Invariants
+///
+/// `raw` is a live binding from `irqfd_attach` whose callback data is
+/// `irq`, a pointer from `Arc::into_raw` that this value owns.
+pub(crate) struct IrqFd {
+    raw: *mut core::ffi::c_void,
+    irq: *const VcpuIrq,
+    line: u32,
+}
+
+// SAFETY: The binding may be detached from any thread; `irq` is an Arc.
+unsafe impl Send for IrqFd {}
+// SAFETY: `&IrqFd` only reads plain fields.
+unsafe impl Sync for IrqFd {}
+
+impl IrqFd {
+    /// Binds eventfd `fd` to IRQ `line` of `irq`.
+    pub(crate) fn attach(irq: &Arc<VcpuIrq>, fd: i32, line: u32) -> Result<Self> {
+        let data = Arc::into_raw(irq.clone());
+        // SAFETY: `data` stays valid until Drop (we own that reference).
+        match unsafe { crate::helpers::irqfd_attach(fd, data as *mut _, line) } {
+            // INVARIANT: `raw` is live and its data is `data`.
+            Ok(raw) => Ok(Self { raw, irq: data, line }),
+            Err(e) => {
+                // SAFETY: `data` came from Arc::into_raw above, unused.
+                drop(unsafe { Arc::from_raw(data) });
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether this binds eventfd `fd` to IRQ `line`.
+    pub(crate) fn is(&self, fd: i32, line: u32) -> bool {
+        // SAFETY: By the type invariant `raw` is live.
+        self.line == line && unsafe { crate::helpers::irqfd_matches(self.raw, fd) }
+    }
+}
+
+impl Drop for IrqFd {
+    fn drop(&mut self) {
+        // SAFETY: By the type invariant `raw` is live; detached once, here.
+        unsafe { crate::helpers::irqfd_detach(self.raw) };
+        // SAFETY: No callback can run any more; this is our reference.
+        drop(unsafe { Arc::from_raw(self.irq) });
+    }
+}
+
+/// Called by an eventfd's wake-up (`lg_irqfd_wakeup` in `lg_helpers.c`).
+///
+/// # Safety
+///
+/// `data` is the `VcpuIrq` an [`IrqFd`] holds a reference to.
+#[no_mangle]
+pub(crate) unsafe extern "C" fn lguest_irqfd_fire(data: *mut core::ffi::c_void, line: u32) {
+    // SAFETY: The IrqFd that registered `data` keeps it alive until after it
+    // detached, which waits for wake-ups in progress (the eventfd's lock).
+    let irq = unsafe { &*(data as *const VcpuIrq) };
+    irq.raise(line);
+}

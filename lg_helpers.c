@@ -9,6 +9,11 @@
 #include <linux/sched/signal.h>
 #include <linux/freezer.h>
 #include <linux/smp.h>
+#include <linux/eventfd.h>
+#include <linux/file.h>
+#include <linux/poll.h>
+#include <linux/slab.h>
+#include <linux/wait.h>
 #include <asm/desc.h>
 #include <asm/msr.h>
 #include <asm/special_insns.h>
@@ -104,4 +109,99 @@ unsigned int lg_cpu_id(void)
 unsigned long lg_page_offset_base(void)
 {
 	return PAGE_OFFSET;
+}
+
+/*
+ * irqfd: an eventfd whose signal raises a guest interrupt without a trip
+ * through the launcher. Like KVM's irqfd, a wait-queue entry on the eventfd
+ * consumes the count and calls back into Rust (irq.rs) from the waker's
+ * context (any context, the eventfd's wait-queue lock held).
+ */
+struct lg_irqfd {
+	wait_queue_entry_t wait;
+	poll_table pt;
+	struct eventfd_ctx *ctx;
+	void *data;
+	unsigned int irq;
+};
+
+static int lg_irqfd_wakeup(wait_queue_entry_t *wait, unsigned int mode, int sync, void *key)
+{
+	struct lg_irqfd *irqfd = container_of(wait, struct lg_irqfd, wait);
+	__poll_t flags = key_to_poll(key);
+	u64 cnt;
+
+	if (flags & EPOLLIN) {
+		eventfd_ctx_do_read(irqfd->ctx, &cnt);
+		lguest_irqfd_fire(irqfd->data, irqfd->irq);
+	}
+	return 0;
+}
+
+static void lg_irqfd_queue(struct file *file, wait_queue_head_t *wqh, poll_table *pt)
+{
+	struct lg_irqfd *irqfd = container_of(pt, struct lg_irqfd, pt);
+
+	add_wait_queue(wqh, &irqfd->wait);
+}
+
+struct lg_irqfd *lg_irqfd_attach(int fd, void *data, unsigned int irq, int *err)
+{
+	struct lg_irqfd *irqfd;
+	struct file *file;
+	__poll_t events;
+	u64 cnt;
+
+	file = fget(fd);
+	if (!file) {
+		*err = -EBADF;
+		return NULL;
+	}
+	irqfd = kzalloc(sizeof(*irqfd), GFP_KERNEL);
+	if (!irqfd) {
+		fput(file);
+		*err = -ENOMEM;
+		return NULL;
+	}
+	irqfd->ctx = eventfd_ctx_fileget(file);
+	if (IS_ERR(irqfd->ctx)) {
+		*err = PTR_ERR(irqfd->ctx);
+		kfree(irqfd);
+		fput(file);
+		return NULL;
+	}
+	irqfd->data = data;
+	irqfd->irq = irq;
+	init_waitqueue_func_entry(&irqfd->wait, lg_irqfd_wakeup);
+	init_poll_funcptr(&irqfd->pt, lg_irqfd_queue);
+	events = vfs_poll(file, &irqfd->pt);
+	fput(file);
+	/* Signalled before we listened: deliver it now. */
+	if (events & EPOLLIN) {
+		eventfd_ctx_do_read(irqfd->ctx, &cnt);
+		lguest_irqfd_fire(data, irq);
+	}
+	*err = 0;
+	return irqfd;
+}
+
+void lg_irqfd_detach(struct lg_irqfd *irqfd)
+{
+	u64 cnt;
+
+	eventfd_ctx_remove_wait_queue(irqfd->ctx, &irqfd->wait, &cnt);
+	eventfd_ctx_put(irqfd->ctx);
+	kfree(irqfd);
+}
+
+bool lg_irqfd_matches(struct lg_irqfd *irqfd, int fd)
+{
+	struct eventfd_ctx *ctx = eventfd_ctx_fdget(fd);
+	bool same;
+
+	if (IS_ERR(ctx))
+		return false;
+	same = ctx == irqfd->ctx;
+	eventfd_ctx_put(ctx);
+	return same;
 }

@@ -29,6 +29,13 @@ unsigned long lg_read_efer(void);
 unsigned int lg_cpu_id(void);
 unsigned long lg_page_offset_base(void);
 
+struct lg_irqfd;
+struct lg_irqfd *lg_irqfd_attach(int fd, void *data, unsigned int irq, int *err);
+void lg_irqfd_detach(struct lg_irqfd *irqfd);
+bool lg_irqfd_matches(struct lg_irqfd *irqfd, int fd);
+/* Implemented in irq.rs: raise `irq` on the VcpuIrq at `data`. */
+void lguest_irqfd_fire(void *data, unsigned int irq);
+
 /* Implemented in switcher_64.S. */
 void lguest_switch_to_guest(void *block);
 void lguest_deliver_to_host(unsigned long handler);

@@ -34,8 +34,15 @@ TARGET=x86_64-unknown-linux-gnu
 	|| fail "cargo build failed"
 BIN="$REPO/target/$TARGET/release"
 
-say "guests"
-bash "$REPO/guest/build.sh" "$OUT/guests" --quiet >&2 || fail "guest build failed"
+if [ -n "${PREBUILT_GUESTS:-}" ]; then
+	# A development aid: use guest ELFs built elsewhere (e.g. from another
+	# checkout) instead of building guest/ and samples/.
+	say "guests from $PREBUILT_GUESTS"
+	rm -rf "$OUT/guests" && cp -r "$PREBUILT_GUESTS" "$OUT/guests"
+else
+	say "guests"
+	bash "$REPO/guest/build.sh" "$OUT/guests" --quiet >&2 || fail "guest build failed"
+fi
 
 say "initramfs"
 ROOT="$OUT/rootfs"

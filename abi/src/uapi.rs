@@ -67,6 +67,29 @@ pub const LGUEST_SET_REGS: u32 = ioc(IOC_WRITE, LGUEST_IOC_MAGIC, 0x45, core::me
 /// thread; a halted vCPU wakes, a running one is kicked out of the guest.
 pub const LGUEST_IRQ: u32 = ioc(IOC_NONE, LGUEST_IOC_MAGIC, 0x46, 0);
 
+/// `LGUEST_IRQFD`: bind an eventfd to a guest interrupt, or unbind it
+/// (argument: [`LguestIrqfd`]). Each signal of the eventfd then raises the
+/// interrupt, as `LGUEST_IRQ` does, without the launcher's help.
+pub const LGUEST_IRQFD: u32 = ioc(IOC_WRITE, LGUEST_IOC_MAGIC, 0x47, core::mem::size_of::<LguestIrqfd>());
+/// [`LguestIrqfd::flags`]: remove the binding of `fd` to `irq`.
+pub const LGUEST_IRQFD_DEASSIGN: u32 = 1;
+/// The most eventfds bound per VM.
+pub const LGUEST_MAX_IRQFDS: usize = 16;
+
+/// The argument of [`LGUEST_IRQFD`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LguestIrqfd {
+    /// The eventfd.
+    pub fd: i32,
+    /// The guest interrupt (below [`LGUEST_IRQS`]).
+    pub irq: u32,
+    /// 0 to bind, [`LGUEST_IRQFD_DEASSIGN`] to unbind.
+    pub flags: u32,
+    /// Must be 0.
+    pub pad: u32,
+}
+
 /// The most memory a guest may have (4 GiB): guest-physical addresses stay
 /// far below the switcher, and the initial linear map stays small.
 pub const LGUEST_MAX_MEM: u64 = 4 << 30;
@@ -355,6 +378,7 @@ pub struct LguestData {
 const _: () = {
     use core::mem::{offset_of, size_of};
     assert!(size_of::<LguestVmConfig>() == 72);
+    assert!(size_of::<LguestIrqfd>() == 16);
     assert!(size_of::<LguestRegs>() == 18 * 8);
     assert!(size_of::<LguestVcpuRegs>() == 8 + 18 * 8);
     assert!(offset_of!(LguestRun, exit_reason) == 4);

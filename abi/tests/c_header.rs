@@ -24,6 +24,9 @@ fn rust_side() -> BTreeMap<&'static str, u64> {
         ("LGUEST_GET_REGS", abi::LGUEST_GET_REGS as u64),
         ("LGUEST_SET_REGS", abi::LGUEST_SET_REGS as u64),
         ("LGUEST_IRQ", abi::LGUEST_IRQ as u64),
+        ("LGUEST_IRQFD", abi::LGUEST_IRQFD as u64),
+        ("LGUEST_IRQFD_DEASSIGN", abi::LGUEST_IRQFD_DEASSIGN as u64),
+        ("LGUEST_MAX_IRQFDS", abi::LGUEST_MAX_IRQFDS as u64),
         ("LGUEST_MAX_MEM", abi::LGUEST_MAX_MEM),
         ("LGUEST_MAX_DEVICE_PAGES", abi::LGUEST_MAX_DEVICE_PAGES),
         ("LGUEST_MAX_VCPUS", abi::LGUEST_MAX_VCPUS as u64),
@@ -92,6 +95,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
     all.extend(layout!("lguest_regs", abi::LguestRegs, [rax, r15, rip, rsp, rflags]));
     all.extend(layout!("lguest_vcpu_regs", abi::LguestVcpuRegs, [vcpu, pad, regs]));
     all.extend(layout!("lguest_run", abi::LguestRun, [immediate_exit, exit_reason, notify_addr, notify_arg, shutdown_reason, stat_exits, stat_hypercalls, reserved, message]));
+    all.extend(layout!("lguest_irqfd", abi::LguestIrqfd, [fd, irq, flags, pad]));
     all.extend(layout!("hcall_args", abi::HcallArgs, [arg0, arg4]));
     all.extend(layout!("lguest_data", abi::LguestData, [irq_enabled, blocked_interrupts, cr2, time, irq_pending, hcall_status, hcalls, reserve_mem, tsc_khz, noirq_iret, kernel_address, syscall_vec]));
     all.into_iter().collect()
@@ -103,6 +107,7 @@ const STRUCTS: &[(&str, &[&str])] = &[
     ("lguest_regs", &["rax", "r15", "rip", "rsp", "rflags"]),
     ("lguest_vcpu_regs", &["vcpu", "pad", "regs"]),
     ("lguest_run", &["immediate_exit", "exit_reason", "notify_addr", "notify_arg", "shutdown_reason", "stat_exits", "stat_hypercalls", "reserved", "message"]),
+    ("lguest_irqfd", &["fd", "irq", "flags", "pad"]),
     ("hcall_args", &["arg0", "arg4"]),
     ("lguest_data", &["irq_enabled", "blocked_interrupts", "cr2", "time", "irq_pending", "hcall_status", "hcalls", "reserve_mem", "tsc_khz", "noirq_iret", "kernel_address", "syscall_vec"]),
 ];

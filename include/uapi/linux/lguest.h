@@ -67,6 +67,16 @@ struct lguest_run {
 	__u8 message[LGUEST_MESSAGE_LEN];	/* NUL-terminated */
 };
 
+#define LGUEST_IRQFD_DEASSIGN	1
+#define LGUEST_MAX_IRQFDS	16
+
+struct lguest_irqfd {
+	__s32 fd;		/* an eventfd */
+	__u32 irq;		/* guest interrupt, below LGUEST_IRQS */
+	__u32 flags;		/* 0 or LGUEST_IRQFD_DEASSIGN */
+	__u32 pad;		/* must be 0 */
+};
+
 #define LGUEST_GET_API_VERSION	_IO(LGUEST_IOC_MAGIC, 0x40)
 #define LGUEST_CREATE_VM	_IOW(LGUEST_IOC_MAGIC, 0x41, struct lguest_vm_config)
 #define LGUEST_CREATE_VCPU	_IO(LGUEST_IOC_MAGIC, 0x42)
@@ -74,6 +84,7 @@ struct lguest_run {
 #define LGUEST_GET_REGS		_IOWR(LGUEST_IOC_MAGIC, 0x44, struct lguest_vcpu_regs)
 #define LGUEST_SET_REGS		_IOW(LGUEST_IOC_MAGIC, 0x45, struct lguest_vcpu_regs)
 #define LGUEST_IRQ		_IO(LGUEST_IOC_MAGIC, 0x46)
+#define LGUEST_IRQFD		_IOW(LGUEST_IOC_MAGIC, 0x47, struct lguest_irqfd)
 
 /* The guest ABI: hypercalls are made with `int $LGUEST_TRAP_ENTRY`. */
 #define LGUEST_TRAP_ENTRY	0x1F

@@ -311,6 +311,85 @@ fn nmi_not_lost() -> TestResult {
     result
 }
 
+/// CPU time (user + system, clock ticks) and state letter of process `pid`.
+fn proc_stat(pid: i32) -> (u64, char) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    (ticks, f.first().and_then(|s| s.chars().next()).unwrap_or('?'))
+}
+
+/// A guest busy with hypercalls long enough to be frozen and stopped.
+const BUSY: &[&str] = &["hcalls", "400000"];
+
+fn check_busy_done(o: &Outcome) -> TestResult {
+    check_eq!(o.code, 0, format!("exit status ({})", describe(o)));
+    check!(o.stdout.contains("made 400000 hypercalls"), "the guest's count is wrong: {}", describe(o));
+    Ok(())
+}
+
+/// Freezing the launcher's cgroup (cgroup v2 `cgroup.freeze`) stops the
+/// guest: no CPU time while frozen; thawed, it finishes intact.
+fn cgroup_freeze() -> TestResult {
+    let cg = "/sys/fs/cgroup/lguest-test";
+    if !std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        skip!("cgroup v2 is not mounted at /sys/fs/cgroup");
+    }
+    let _ = std::fs::create_dir(cg);
+    let child = spawn("guest-ops", BUSY)?;
+    let pid = child.id() as i32;
+    let res = (|| -> Result<(), t::NotPassed> {
+        if let Err(e) = std::fs::write(format!("{cg}/cgroup.procs"), pid.to_string()) {
+            fail!("moving the launcher into {cg}: {e}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        if let Err(e) = std::fs::write(format!("{cg}/cgroup.freeze"), "1") {
+            fail!("freezing: {e}");
+        }
+        let frozen = t::wait_for(Duration::from_secs(10), || {
+            std::fs::read_to_string(format!("{cg}/cgroup.events")).map(|s| s.contains("frozen 1")).unwrap_or(false)
+        });
+        check!(frozen, "the cgroup did not report frozen within 10 s");
+        let (t0, _) = proc_stat(pid);
+        std::thread::sleep(Duration::from_millis(700));
+        let (t1, state) = proc_stat(pid);
+        println!("# frozen launcher: state {state}, {} ticks of CPU in 0.7 s", t1 - t0);
+        check!(t1 - t0 <= 1, "the frozen launcher used {} ticks of CPU", t1 - t0);
+        if let Err(e) = std::fs::write(format!("{cg}/cgroup.freeze"), "0") {
+            fail!("thawing: {e}");
+        }
+        Ok(())
+    })();
+    let o = wait(child, Duration::from_secs(120));
+    let _ = std::fs::write(format!("{cg}/cgroup.freeze"), "0");
+    let _ = std::fs::write("/sys/fs/cgroup/cgroup.procs", pid.to_string());
+    let _ = std::fs::remove_dir(cg);
+    res?;
+    check_busy_done(&o?)
+}
+
+/// SIGSTOP makes RUN return EINTR and the launcher stop; after SIGCONT the
+/// launcher runs the vCPU again and the guest continues where it was.
+fn stop_and_continue() -> TestResult {
+    let child = spawn("guest-ops", BUSY)?;
+    let pid = child.id() as i32;
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: Signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let stopped = t::wait_for(Duration::from_secs(5), || proc_stat(pid).1 == 'T');
+    let (t0, _) = proc_stat(pid);
+    std::thread::sleep(Duration::from_millis(500));
+    let (t1, _) = proc_stat(pid);
+    // SAFETY: As above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let o = wait(child, Duration::from_secs(120))?;
+    check!(stopped, "the launcher did not stop within 5 s");
+    check!(t1 - t0 <= 1, "the stopped launcher used {} ticks of CPU", t1 - t0);
+    check_busy_done(&o)
+}
+
 /// A file that is not a guest image gets a clear launcher error, status 1.
 fn bad_image() -> TestResult {
     let o = wait(
@@ -338,6 +417,8 @@ fn main() -> ExitCode {
         ("hypercall_loop", hypercall_loop),
         ("two_guests", two_guests),
         ("nmi_not_lost", nmi_not_lost),
+        ("cgroup_freeze", cgroup_freeze),
+        ("stop_and_continue", stop_and_continue),
         ("bad_image", bad_image),
     ])
 }

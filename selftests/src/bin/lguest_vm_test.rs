@@ -344,6 +344,50 @@ fn halt_sleeps_irq_wakes() -> TestResult {
     Ok(())
 }
 
+/// An eventfd bound with LGUEST_IRQFD raises the interrupt when written:
+/// the halted guest wakes without the launcher raising anything itself.
+/// Binding errors: bad IRQ, bad fd, not an eventfd, duplicate, unknown.
+fn irqfd_wakes_halted_guest() -> TestResult {
+    let vm = TestVm::new(&guest_halt_irq1())?;
+    // SAFETY: creating an eventfd has no preconditions.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    check!(efd >= 0, "eventfd: {}", t::errname(t::errno()));
+    let mut req = abi::LguestIrqfd { fd: efd, irq: 1, flags: 0, pad: 0 };
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_IRQFD, &mut req), Ok(0), "LGUEST_IRQFD bind");
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_IRQFD, &mut req), Err(libc::EEXIST), "binding twice");
+    let bad = [
+        (abi::LguestIrqfd { irq: 64, ..req }, libc::EINVAL, "IRQ 64"),
+        (abi::LguestIrqfd { flags: 2, ..req }, libc::EINVAL, "unknown flag"),
+        (abi::LguestIrqfd { pad: 1, ..req }, libc::EINVAL, "pad"),
+        (abi::LguestIrqfd { fd: 999, ..req }, libc::EBADF, "closed fd"),
+        (abi::LguestIrqfd { fd: 0, irq: 2, ..req }, libc::EINVAL, "not an eventfd (stdin)"),
+        (abi::LguestIrqfd { irq: 2, flags: abi::LGUEST_IRQFD_DEASSIGN, ..req }, libc::ENOENT, "unbinding what is not bound"),
+    ];
+    for (mut r, want, what) in bad {
+        check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_IRQFD, &mut r), Err(want), what);
+    }
+    let r = std::thread::scope(|s| {
+        let runner = s.spawn(|| vm.run());
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let halted = !runner.is_finished();
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writing 8 bytes from a valid buffer to our eventfd.
+        let w = unsafe { libc::write(efd, one.as_ptr().cast(), 8) };
+        (halted, w, runner.join())
+    });
+    let (halted, w, run) = r;
+    check!(halted, "the guest did not stay halted");
+    check_eq!(w, 8, "eventfd write");
+    check_eq!(run.ok(), Some(Ok(0)), "RUN");
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_SHUTDOWN, "exit after the eventfd");
+    req.flags = abi::LGUEST_IRQFD_DEASSIGN;
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_IRQFD, &mut req), Ok(0), "unbind");
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_IRQFD, &mut req), Err(libc::ENOENT), "unbind again");
+    // SAFETY: closing our own fd.
+    unsafe { libc::close(efd) };
+    Ok(())
+}
+
 static KICK_BYTE: std::sync::atomic::AtomicPtr<u8> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
 
 extern "C" fn kick_handler(_sig: i32) {
@@ -451,6 +495,7 @@ fn main() -> ExitCode {
         ("munmap_under_guest", munmap_under_guest),
         ("create_destroy_1000", create_destroy_1000),
         ("halt_sleeps_irq_wakes", halt_sleeps_irq_wakes),
+        ("irqfd_wakes_halted_guest", irqfd_wakes_halted_guest),
         ("kicks_100000", kicks_100000),
     ])
 }
