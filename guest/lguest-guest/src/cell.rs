@@ -1,11 +1,15 @@
 // SPDX-License-Identifier: GPL-2.0
 //! [`GuestCell`]: the one way this crate keeps mutable state in a `static`.
 //!
-//! A guest has exactly one vCPU (`LGUEST_MAX_VCPUS` is 1) and, so far, no
-//! interrupt handlers, so nothing runs concurrently with the code that owns a
-//! static. What remains is re-entrancy (a `Display` impl that prints or
-//! panics while the console is being written); every user of a `GuestCell`
-//! guards against that with its own busy flag, documented where it is used.
+//! A guest has exactly one vCPU (`LGUEST_MAX_VCPUS` is 1), so nothing runs
+//! in parallel with the code that owns a static. What remains is
+//! re-entrancy: an interrupt or trap handler ([`crate::interrupts`]) running
+//! in the middle of any code, or a `Display` impl that prints or panics
+//! while the console is being written. Every user of a `GuestCell` either
+//! only writes it before interrupts can be on (the command line) or guards
+//! it with its own busy flag, an atomic swap (one `xchg`, which no
+//! interrupt can split), documented where it is used. State a handler shares
+//! with other code is kept in atomics, not here.
 
 use core::cell::UnsafeCell;
 
@@ -13,9 +17,10 @@ use core::cell::UnsafeCell;
 #[repr(transparent)]
 pub struct GuestCell<T>(UnsafeCell<T>);
 
-// SAFETY: the guest has one vCPU and no interrupt handlers, so no two threads
-// of execution can touch the cell at once; sharing `&GuestCell` is therefore
-// sound as long as each user keeps its own accesses from overlapping, which
+// SAFETY: the guest has one vCPU, so no two threads of execution run at
+// once; an interrupt handler nests inside the code it interrupts, like a
+// re-entrant call. Sharing `&GuestCell` is therefore sound as long as each
+// user keeps its own accesses from overlapping, nested ones included, which
 // `get` makes an `unsafe` obligation of the caller (dereferencing the raw
 // pointer).
 unsafe impl<T> Sync for GuestCell<T> {}

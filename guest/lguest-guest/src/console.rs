@@ -70,14 +70,17 @@ static CONSOLE_BUSY: AtomicBool = AtomicBool::new(false);
 
 /// Runs `f` on the console's line buffer, or returns `None` if the console
 /// is already being written: a `Display` impl printing from inside a
-/// `print!` (the only way to get here twice on one vCPU with no interrupts).
+/// `print!`, or an interrupt handler printing while the code it interrupted
+/// was. The `swap` is one `xchg`, so a handler sees the flag either clear
+/// (and owns the buffer until it clears it again, before returning) or set.
 fn with_console<R>(f: impl FnOnce(&mut LineBuf) -> R) -> Option<R> {
     if CONSOLE_BUSY.swap(true, Ordering::Acquire) {
         return None;
     }
     // SAFETY: CONSOLE_BUSY was false and is now set by us, so no other
-    // reference to CONSOLE exists (one vCPU, no interrupts; a nested call
-    // took the early return above) until we clear it below.
+    // reference to CONSOLE exists (one vCPU; a nested call, from a `Display`
+    // impl or an interrupt handler, took the early return above) until we
+    // clear it below.
     let con = unsafe { &mut *CONSOLE.get() };
     let ret = f(con);
     CONSOLE_BUSY.store(false, Ordering::Release);
@@ -89,7 +92,8 @@ fn with_console<R>(f: impl FnOnce(&mut LineBuf) -> R) -> Option<R> {
 pub fn _print(args: fmt::Arguments<'_>) {
     // A write can only fail if a `Display` impl fails: nothing to do then.
     if with_console(|con| con.write_fmt(args)).is_none() {
-        // Nested: print through a line buffer of our own on the stack.
+        // Nested: print through a line buffer of our own on the stack (an
+        // interrupted partial line stays in CONSOLE and comes out later).
         let mut line = LineBuf::new();
         let _ = line.write_fmt(args);
         line.flush();

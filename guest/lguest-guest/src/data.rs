@@ -12,7 +12,7 @@
 //! must be one instruction: [`block_irq`] and [`unblock_irq`] use atomic
 //! `lock or`/`lock and` on `blocked_interrupts`. The entry stubs of
 //! [`crate::interrupts`] write `irq_enabled` from assembly (the paravirt
-//! `iret`), which is why [`LGUEST_DATA`] is visible to the crate.
+//! `iret`), which is why `LGUEST_DATA` is visible to the crate.
 
 use core::ptr::{addr_of, addr_of_mut};
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -28,7 +28,7 @@ use crate::virt_to_phys;
 /// `LguestData` padded and aligned to a page of its own, so that the host's
 /// view of it never straddles a page boundary.
 #[repr(C, align(4096))]
-struct DataPage(GuestCell<LguestData>);
+pub(crate) struct DataPage(GuestCell<LguestData>);
 
 /// The state at boot: virtual interrupts off, every interrupt line blocked
 /// (a line is unblocked when its handler is installed, see
@@ -105,7 +105,7 @@ pub fn irq_pending() -> u64 {
 }
 
 /// Reads `noirq_iret`: the address of the `iretq` the host never
-/// interrupts (written at [`init`]).
+/// interrupts (written at boot, before `LHCALL_LGUEST_INIT`).
 pub fn noirq_iret() -> u64 {
     // SAFETY: as in `irq_enabled`.
     unsafe { addr_of!((*data()).noirq_iret).read_volatile() }
@@ -168,12 +168,20 @@ pub fn tsc_khz() -> u32 {
 /// Reads the wall-clock time the host last wrote (at `LHCALL_LGUEST_INIT`
 /// and at every interrupt or trap it delivers).
 pub fn time() -> LguestTime {
-    // SAFETY: as in `irq_enabled`; each u64 is read once, so a torn pair is
-    // possible only if the host wrote it between the reads, which it cannot
-    // do while this vCPU runs.
-    unsafe {
-        let t = addr_of!((*data()).time);
-        LguestTime { sec: addr_of!((*t).sec).read_volatile(), nsec: addr_of!((*t).nsec).read_volatile() }
+    // The host writes both fields while the guest is stopped, which now
+    // includes an interrupt delivered between our two reads. Reading `sec`
+    // again catches that: if it is unchanged, `nsec` belongs with it.
+    loop {
+        // SAFETY: as in `irq_enabled`, for the aligned u64s of `time`.
+        let (sec, nsec, again) = unsafe {
+            let t = addr_of!((*data()).time);
+            let sec = addr_of!((*t).sec).read_volatile();
+            let nsec = addr_of!((*t).nsec).read_volatile();
+            (sec, nsec, addr_of!((*t).sec).read_volatile())
+        };
+        if sec == again {
+            return LguestTime { sec, nsec };
+        }
     }
 }
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0
-//! [`entry!`](crate::entry): how a guest binary names its `main`.
+//! [`entry!`](macro@crate::entry): how a guest binary names its `main`.
 //!
 //! `entry!(main)` defines `lguest_start`, the symbol `_start` calls, as
 //! [`boot`](crate::start::boot) with `main`. `main` takes [`Args`] and may

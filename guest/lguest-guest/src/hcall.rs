@@ -4,6 +4,11 @@
 //! The convention (`LGUEST_TRAP_ENTRY` in the ABI): `int $0x1f` with the
 //! `LHCALL_*` number in RAX and arguments 1 to 4 in RDI, RSI, RDX and R10;
 //! the result comes back in RAX and every other register is preserved.
+//!
+//! `LHCALL_HALT` and `LHCALL_SEND_INTERRUPTS` (and any hypercall, once
+//! interrupts are on) may return through an interrupt: the host delivers it
+//! with RIP just after the `int $0x1f`, the handler runs on our stack, below
+//! RSP, and returns here with every register as the host left it.
 
 use core::arch::asm;
 
@@ -23,10 +28,12 @@ use core::arch::asm;
 pub unsafe fn hcall(nr: u64, a1: u64, a2: u64, a3: u64, a4: u64) -> u64 {
     let ret: u64;
     // SAFETY: `int $0x1f` enters the host, which follows the convention above:
-    // only RAX changes. It switches to the host's stack (we are in ring 3), so
-    // our stack is not touched (`nostack`). It may read or write guest memory,
-    // which is why `nomem`/`readonly` are absent: the compiler must assume
-    // memory changed. The caller vouches for any addresses passed.
+    // only RAX changes. The host may deliver an interrupt on the way back,
+    // which pushes a frame below our RSP (so no `nostack`: there must be
+    // nothing there, and the target has no red zone) and runs a handler that
+    // preserves every register. The host and the handler may read or write
+    // memory, which is why `nomem`/`readonly` are absent: the compiler must
+    // assume memory changed. The caller vouches for any addresses passed.
     unsafe {
         asm!(
             "int 0x1f",
@@ -35,7 +42,6 @@ pub unsafe fn hcall(nr: u64, a1: u64, a2: u64, a3: u64, a4: u64) -> u64 {
             in("rsi") a2,
             in("rdx") a3,
             in("r10") a4,
-            options(nostack),
         );
     }
     ret

@@ -6,13 +6,20 @@
 //! launcher loads the ELF image at its physical addresses and starts it at
 //! `_start` in ring 3, with virtual = physical for all of RAM, RDI = the
 //! guest-physical address of the NUL-terminated command line and RSI = the
-//! size of RAM. There is no FPU or SSE (CR0.TS is set) and no interrupts yet.
+//! size of RAM. There is no FPU or SSE (CR0.TS is set); virtual interrupts
+//! are off and every interrupt line is blocked until the guest installs
+//! handlers ([`interrupts`]) and enables them ([`paravirt`]).
 //!
 //! Boot order: [`start`] sets up a stack and calls `lguest_start`, which
-//! registers [`data`]'s `struct lguest_data` with the host, reads the
-//! [`cmdline`], then calls the guest's `main` (named with [`entry!`]); when
-//! `main` returns the guest powers off ([`shutdown`]). A panic crashes the
-//! guest with its message ([`panic`]).
+//! registers [`data`]'s `struct lguest_data` with the host (with
+//! `noirq_iret` already filled in), reads the [`cmdline`], then calls the
+//! guest's `main` (named with [`entry!`]); when `main` returns the guest
+//! powers off ([`shutdown`]). A panic crashes the guest with its message
+//! ([`panic`](mod@panic)).
+//!
+//! Traps and interrupts: [`interrupts`] has the entry stubs, the handler
+//! table and the paravirt `iret`; [`clock`] the timer (IRQ 0), a
+//! nanosecond clock and `sleep_ns`.
 //!
 //! ```ignore
 //! #![no_std]
@@ -28,12 +35,14 @@
 #![no_std]
 
 pub mod cell;
+pub mod clock;
 pub mod cmdline;
 pub mod console;
 pub mod cstr;
 pub mod data;
 pub mod entry;
 pub mod hcall;
+pub mod interrupts;
 pub mod panic;
 pub mod paravirt;
 pub mod shutdown;
@@ -41,6 +50,7 @@ pub mod start;
 
 pub use cmdline::Args;
 pub use hcall::hcall;
+pub use interrupts::TrapFrame;
 pub use paravirt::{Lguest, Paravirt};
 pub use shutdown::{crash, crash_fmt, poweroff, poweroff_fmt, restart};
 

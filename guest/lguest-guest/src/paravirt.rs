@@ -9,11 +9,19 @@
 //! dispatched and the compiler inlines what it likes.
 //!
 //! The virtual IF lives in `lguest_data.irq_enabled`. The host never
-//! delivers an interrupt while it is 0; instead it sets `irq_pending`, and
-//! the guest, on re-enabling, sees that and asks for delivery with
-//! `LHCALL_SEND_INTERRUPTS`. That check can be switched off with the
-//! command-line word `noirqcheck` (see [`set_irq_check`]), to measure what
-//! it costs; interrupts held back then wait for the guest's next exit.
+//! delivers an interrupt while it is 0; instead it sets `irq_pending` and
+//! waits. The guest, on re-enabling ([`irq_enable`], [`restore_fl`] with
+//! IF), reads `irq_pending` and, while it is non-zero, makes
+//! `LHCALL_SEND_INTERRUPTS`: the host delivers one interrupt (its handler
+//! runs before the hypercall returns) and sets `irq_pending` again if more
+//! remain, or clears it. So when `irq_enable` returns, every interrupt that
+//! was pending and deliverable has been handled. That check can be switched
+//! off with the command-line word `noirqcheck` (see [`set_irq_check`]), to
+//! measure what it costs; interrupts held back then wait for the guest's
+//! next exit (a host timer tick, or a hypercall).
+//!
+//! The other half of the protocol, returning from a handler with the IF of
+//! the interrupted code, is the paravirt `iret` in [`crate::interrupts`].
 
 use core::sync::atomic::{AtomicBool, Ordering};
 
@@ -34,9 +42,11 @@ pub trait Paravirt {
     fn save_fl() -> u64;
     /// Restores a value from [`Paravirt::save_fl`] (the IF part of `popf`).
     fn restore_fl(flags: u64);
-    /// Waits for an interrupt: the `hlt` of a guest. Returns when one was
-    /// delivered, or, with nothing to wake the guest, never (the host stops
-    /// the guest with `LGUEST_EXIT_HALT`).
+    /// Turns interrupts on and waits for one: the `sti; hlt` of a guest.
+    /// Returns after one was delivered (its handler has run), with
+    /// interrupts on. The host sleeps meanwhile, until an interrupt or a
+    /// signal to the launcher; if every line is blocked, nothing could wake
+    /// the guest, and RUN ends with `LGUEST_EXIT_HALT` instead.
     fn halt();
     /// Arms the one-shot clock event `delta_ns` nanoseconds from now.
     fn set_clockevent(delta_ns: u64);
@@ -71,14 +81,18 @@ fn hcall_plain(nr: u64, a1: u64) -> u64 {
     unsafe { hcall(nr, a1, 0, 0, 0) }
 }
 
-/// Interrupts were just re-enabled: if the host held one back, ask for it.
+/// Interrupts were just re-enabled: while the host holds some back, ask
+/// for them, one `LHCALL_SEND_INTERRUPTS` per delivery.
 ///
 /// No fence is needed between the store to `irq_enabled` and this load of
 /// `irq_pending`: the host only writes `irq_pending` while this (single)
-/// vCPU is stopped in the host, and the exit itself orders everything.
+/// vCPU is stopped in the host, and the exit itself orders everything. The
+/// loop also stops if interrupts went off again (a handler that changed its
+/// frame's IF): the host cannot deliver then, and would keep `irq_pending`
+/// set.
 #[inline]
 fn deliver_pending() {
-    if irq_check() && data::irq_pending() != 0 {
+    while irq_check() && data::irq_pending() != 0 && data::irq_enabled() != 0 {
         hcall_plain(LHCALL_SEND_INTERRUPTS, 0);
     }
 }
@@ -113,12 +127,18 @@ pub fn restore_fl(flags: u64) {
     }
 }
 
-/// `hlt`.
+/// `sti; hlt`: `LHCALL_HALT` turns the virtual IF on (the host writes
+/// `irq_enabled`) and sleeps until an interrupt is deliverable, then
+/// delivers it before returning. Call it with interrupts *off* after
+/// checking for work (and arming a timer), so that an interrupt arriving in
+/// between is not lost: the host then sees it pending and does not sleep.
+/// Returns with interrupts on.
 pub fn halt() {
     hcall_plain(LHCALL_HALT, 0);
 }
 
-/// Arms the clock event.
+/// Arms the one-shot clock event: IRQ 0 in `delta_ns` nanoseconds (0
+/// cancels it). A new one replaces the old. See [`crate::clock`].
 pub fn set_clockevent(delta_ns: u64) {
     hcall_plain(LHCALL_SET_CLOCKEVENT, delta_ns);
 }

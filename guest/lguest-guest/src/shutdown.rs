@@ -64,8 +64,9 @@ pub fn shutdown(reason: u64, args: fmt::Arguments<'_>) -> ! {
         shutdown_raw(virt_to_phys(NESTED.as_ptr()), LGUEST_SHUTDOWN_CRASH);
     }
     // SAFETY: SHUTTING_DOWN was false and is now set for good, so this is the
-    // only reference to MESSAGE that will ever exist (one vCPU, no
-    // interrupts; a nested shutdown took the branch above).
+    // only reference to MESSAGE that will ever exist (one vCPU; a nested
+    // shutdown, from a `Display` impl or an interrupt handler, took the
+    // branch above).
     let msg = unsafe { &mut *MESSAGE.get() };
     msg.clear();
     // Formatting only fails if a `Display` impl does: send what we have.

@@ -6,7 +6,7 @@
 //! nothing about. `_start` clears the direction flag, zeroes .bss (the
 //! launcher already zero-fills it; doing it here makes the guest independent
 //! of that), switches to a 64 KiB stack in .bss and calls `lguest_start`,
-//! which [`entry!`](crate::entry) defines in the guest binary as a call of
+//! which [`entry!`](macro@crate::entry) defines in the guest binary as a call of
 //! [`boot`] with the guest's `main`. Nothing here uses the incoming stack.
 
 use core::arch::global_asm;
@@ -54,7 +54,7 @@ global_asm!(
 );
 
 /// The Rust side of boot, called from the guest's `lguest_start` (see
-/// [`entry!`](crate::entry)): registers `lguest_data` with the host (before
+/// [`entry!`](macro@crate::entry)): registers `lguest_data` with the host (before
 /// anything else), reads the command line, and runs `main`.
 pub fn boot<M: Main>(cmdline_pa: u64, mem_size: u64, main: M) -> ! {
     data::init();

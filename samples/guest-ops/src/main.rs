@@ -10,15 +10,22 @@
 //! Actions (see [`usage`]):
 //!
 //! - `hello`, `args`, `crash`, `badcall`, `spin`, `hcalls N`, `irqtoggle N`;
-//! - `data`, `paravirt`, `hcall-halt`: the shared page and the paravirt ops;
-//! - one instruction each: `cli`, `sti`, `hlt`, `readcr3`, `writecr3`, `in`,
-//!   `out`, `wrmsr`, `rdmsr`, `sgdt`, `sidt`, `syscall`, `sysenter`,
-//!   `int80`, `int3`, `ud2`, `fpu`, `sse`, `readnull`, `divzero`,
-//!   `readswitcher ADDR`, `writeswitcher ADDR` (ADDR in hex).
+//! - `data`, `paravirt`, `hcall-halt`, `hcall-halt-blocked`: the shared
+//!   page and the paravirt ops;
+//! - one instruction each, with no handlers installed: `cli`, `sti`, `hlt`,
+//!   `readcr3`, `writecr3`, `in`, `out`, `wrmsr`, `rdmsr`, `sgdt`, `sidt`,
+//!   `syscall`, `sysenter`, `int80`, `int3`, `ud2`, `fpu`, `sse`,
+//!   `readnull`, `divzero`, `readswitcher ADDR`, `writeswitcher ADDR` (ADDR
+//!   in hex);
+//! - traps delivered to handlers: `trap NAME` (see [`trap`]);
+//! - interrupts and the timer: `irqpending`, `twoirqs [MS]`, `timer N`,
+//!   `sleep MS`, `irqstorm N`, `latency` (see [`irq`]).
 #![no_std]
 #![no_main]
 
 mod insn;
+mod irq;
+mod trap;
 
 use lguest_guest::abi::LHCALL_FLUSH_ASYNC;
 use lguest_guest::{crash, crash_fmt, data, entry, hcall, poweroff_fmt, println, Args, Lguest, Paravirt};
@@ -46,6 +53,14 @@ fn main(args: Args) -> ! {
         "data" => show_data(),
         "paravirt" => paravirt(),
         "hcall-halt" => hcall_halt(),
+        "hcall-halt-blocked" => hcall_halt_blocked(),
+        "trap" => trap::run(arg),
+        "irqpending" => irq::irqpending(),
+        "twoirqs" => irq::twoirqs(arg),
+        "timer" => irq::timer(arg),
+        "sleep" => irq::sleep(arg),
+        "irqstorm" => irq::irqstorm(arg),
+        "latency" => irq::latency(),
         "readswitcher" => insn::read_at(action, parse_addr(action, arg)),
         "writeswitcher" => insn::write_at(action, parse_addr(action, arg)),
         _ => match insn::find(action) {
@@ -62,13 +77,16 @@ fn main(args: Args) -> ! {
 fn usage() {
     println!("guest-ops: usage: guest-ops ACTION [ARG]");
     println!("guest-ops:   hello | args | crash | badcall | spin | hcalls N | irqtoggle N");
-    println!("guest-ops:   data | paravirt | hcall-halt");
+    println!("guest-ops:   data | paravirt | hcall-halt | hcall-halt-blocked");
     println!("guest-ops:   readswitcher ADDR | writeswitcher ADDR  (ADDR in hex)");
     println!("guest-ops:   {}", insn::Names);
+    println!("guest-ops:   trap {}", trap::Names);
+    println!("guest-ops:   irqpending | twoirqs [MS] | timer N | sleep MS | irqstorm N | latency");
+    println!("guest-ops:   (library word: noirqcheck)");
 }
 
 /// Powers off with `guest-ops: <action>: done`.
-fn done(action: &str) -> ! {
+pub(crate) fn done(action: &str) -> ! {
     poweroff_fmt(format_args!("guest-ops: {action}: done"))
 }
 
@@ -102,7 +120,7 @@ fn spin() -> ! {
 }
 
 /// The decimal count argument of `action`.
-fn parse_count(action: &str, arg: Option<&str>) -> u64 {
+pub(crate) fn parse_count(action: &str, arg: Option<&str>) -> u64 {
     match arg.and_then(|a| a.parse::<u64>().ok()) {
         Some(n) => n,
         None => crash_fmt(format_args!("guest-ops: {action}: needs a decimal count")),
@@ -120,10 +138,7 @@ fn hcalls(arg: Option<&str>) -> ! {
     }
     let cycles = rdtsc().wrapping_sub(start);
     println!("guest-ops: hcalls: made {made} hypercalls");
-    println!(
-        "guest-ops: hcalls: {cycles} TSC cycles, {} per hypercall",
-        if made > 0 { cycles / made } else { 0 }
-    );
+    println!("guest-ops: hcalls: {cycles} TSC cycles, {} per hypercall", cycles.checked_div(made).unwrap_or(0));
     done("hcalls")
 }
 
@@ -149,6 +164,7 @@ fn show_data() -> ! {
     println!("guest-ops: data: reserve_mem {:#x}", data::reserve_mem());
     println!("guest-ops: data: tsc_khz {}", data::tsc_khz());
     println!("guest-ops: data: time {}.{:09}", t.sec, t.nsec);
+    println!("guest-ops: data: noirq_iret {:#x}", data::noirq_iret());
     done("data")
 }
 
@@ -175,14 +191,32 @@ fn paravirt() -> ! {
     done("paravirt")
 }
 
-/// Halts with interrupts on and nothing to wake us: the host should stop
-/// the guest with `LGUEST_EXIT_HALT`.
+/// Halts with interrupts on and no timer armed, but with the timer's line,
+/// IRQ 0, open (its handler installed): something *could* wake the guest,
+/// so the host sleeps (using no CPU) until the launcher raises an interrupt
+/// or gets a signal, which ends RUN with `EINTR`. An IRQ 0 from the
+/// launcher wakes it: it prints `woke up` and powers off.
 fn hcall_halt() -> ! {
-    Lguest::irq_enable();
-    println!("guest-ops: hcall-halt: LHCALL_HALT with nothing to wake us");
+    if let Err(e) = lguest_guest::clock::init() {
+        crash_fmt(format_args!("guest-ops: hcall-halt: {e}"));
+    }
+    println!(
+        "guest-ops: hcall-halt: LHCALL_HALT with interrupts on, IRQ 0 open, no timer armed: sleeping until a signal"
+    );
     Lguest::halt();
-    println!("guest-ops: hcall-halt: woke up");
+    println!("guest-ops: hcall-halt: woke up (timer interrupts {})", lguest_guest::clock::ticks());
     done("hcall-halt")
+}
+
+/// Halts with interrupts on and every interrupt line blocked (no handler
+/// installed): nothing can ever wake the guest, so the host ends RUN with
+/// `LGUEST_EXIT_HALT` (`lguest run` exits with status 3).
+fn hcall_halt_blocked() -> ! {
+    Lguest::irq_enable();
+    println!("guest-ops: hcall-halt-blocked: LHCALL_HALT with every IRQ blocked: nothing can wake us");
+    Lguest::halt();
+    println!("guest-ops: hcall-halt-blocked: woke up");
+    done("hcall-halt-blocked")
 }
 
 /// The hexadecimal address argument of `action` (with or without `0x`).
@@ -196,8 +230,5 @@ fn parse_addr(action: &str, arg: Option<&str>) -> u64 {
 
 /// The time-stamp counter (readable in ring 3: the host leaves CR4.TSD off).
 fn rdtsc() -> u64 {
-    let (lo, hi): (u32, u32);
-    // SAFETY: rdtsc only reads the counter into edx:eax.
-    unsafe { core::arch::asm!("rdtsc", out("eax") lo, out("edx") hi, options(nomem, nostack)) };
-    (u64::from(hi) << 32) | u64::from(lo)
+    lguest_guest::clock::rdtsc()
 }
