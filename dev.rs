@@ -2,10 +2,14 @@
 //! `/dev/lguest`: one open file is one launcher's VM.
 //!
 //! The file's private data is a [`LguestFile`]: a mutex around the VM, which
-//! `LGUEST_CREATE_VM` fills in. Every ioctl and mmap takes that mutex, RUN for
-//! the whole time the guest runs; there is no other lock, so there is no lock
-//! order to keep. Unknown commands get `ENOTTY`, malformed arguments
-//! `EINVAL`, unreadable ones `EFAULT`.
+//! `LGUEST_CREATE_VM` fills in and RUN holds for the whole time the guest
+//! runs. Holding it, the module touches the launcher's memory (pinning,
+//! hypercall arguments), which takes the mm's `mmap_lock`; mmap runs with
+//! `mmap_lock` held, so it must not take the VM mutex. It uses `runs`, the
+//! run pages, a leaf lock. Lock order: `vm` -> `mmap_lock` -> `runs`, and
+//! `vm` -> `runs`; `irqfds` is never held with another of ours. Unknown
+//! commands get `ENOTTY`, malformed arguments `EINVAL`, unreadable ones
+//! `EFAULT`.
 //!
 //! While a file is open the module cannot be unloaded: the misc device's
 //! `fops.owner` is this module, so every open file holds a module reference.
@@ -47,6 +51,7 @@ use crate::{
         IrqFd,
         VcpuIrq, //
     },
+    mm::HostPage,
     vm::Vm,
 };
 
@@ -65,6 +70,9 @@ unsafe impl AsBytes for LguestVcpuRegs {}
 pub(crate) struct LguestFile {
     #[pin]
     vm: Mutex<Option<Vm>>,
+    /// The vCPUs' run pages, by index; `None` until CREATE_VM.
+    #[pin]
+    runs: Mutex<Option<KVec<Arc<HostPage>>>>,
     /// The (single) vCPU's interrupt state: `LGUEST_IRQ` reaches it without
     /// the VM mutex, which RUN holds.
     irq: Arc<VcpuIrq>,
@@ -83,13 +91,19 @@ impl LguestFile {
             return Err(EEXIST);
         }
         *vm = Some(Vm::create(&cfg)?);
+        *self.runs.lock() = Some(KVec::new());
         Ok(0)
     }
 
     fn create_vcpu(&self) -> Result<isize> {
         let mut guard = self.vm.lock();
         let vm = Option::as_mut(&mut *guard).ok_or(ENOENT)?;
-        Ok(vm.create_vcpu(self.irq.clone())? as isize)
+        let (index, page) = vm.create_vcpu(self.irq.clone())?;
+        let mut runs = self.runs.lock();
+        if let Some(runs) = Option::as_mut(&mut *runs) {
+            runs.push(page, GFP_KERNEL)?;
+        }
+        Ok(index as isize)
     }
 
     fn run(&self, vcpu: usize) -> Result<isize> {
@@ -158,6 +172,7 @@ impl MiscDevice for LguestFile {
         KBox::try_pin_init(
             try_pin_init!(LguestFile {
                 vm <- new_mutex!(None, "LguestFile::vm"),
+                runs <- new_mutex!(None, "LguestFile::runs"),
                 irq,
                 irqfds <- new_mutex!(KVec::new(), "LguestFile::irqfds"),
             }),
@@ -198,8 +213,8 @@ impl MiscDevice for LguestFile {
         vma.try_clear_mayexec()?;
         vma.set_dontexpand();
         vma.set_dontcopy();
-        let vm = this.vm.lock();
-        let page = vm.as_ref().ok_or(ENOENT)?.run_page(pgoff)?;
+        let runs = this.runs.lock();
+        let page = runs.as_ref().ok_or(ENOENT)?.get(pgoff).ok_or(EINVAL)?;
         vma.set_mixedmap().vm_insert_page(vma.start(), page.page())
     }
 }

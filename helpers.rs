@@ -18,6 +18,9 @@ mod ffi {
         pub(super) fn lg_signal_pending() -> i32;
         pub(super) fn lg_cond_resched();
         pub(super) fn lg_try_to_freeze() -> bool;
+        pub(super) fn lg_current_mm_grab() -> *mut core::ffi::c_void;
+        pub(super) fn lg_current_mm_is(mm: *mut core::ffi::c_void) -> bool;
+        pub(super) fn lg_mm_drop(mm: *mut core::ffi::c_void);
         pub(super) fn lg_set_current_interruptible();
         pub(super) fn lg_set_current_running();
         pub(super) fn lg_schedule();
@@ -100,6 +103,42 @@ pub(crate) fn cond_resched() {
 pub(crate) fn try_to_freeze() -> bool {
     // SAFETY: As for cond_resched(): process context, may sleep.
     unsafe { ffi::lg_try_to_freeze() }
+}
+
+/// A counted reference to an address space (`mmgrab`): it keeps the
+/// `mm_struct` (not the memory) alive, so comparing with it is reliable.
+///
+/// # Invariants
+///
+/// `0` is a non-null `mm_struct` this value holds a reference to.
+pub(crate) struct MmRef(*mut core::ffi::c_void);
+
+// SAFETY: mmgrab references may be dropped from any thread.
+unsafe impl Send for MmRef {}
+// SAFETY: `&MmRef` only compares the pointer.
+unsafe impl Sync for MmRef {}
+
+impl MmRef {
+    /// The current task's address space, if it has one.
+    pub(crate) fn current() -> Option<Self> {
+        // SAFETY: Reads current->mm and takes a reference; process context.
+        let p = unsafe { ffi::lg_current_mm_grab() };
+        // INVARIANT: non-null, and we hold the reference taken above.
+        (!p.is_null()).then_some(MmRef(p))
+    }
+
+    /// Whether the current task runs in this address space.
+    pub(crate) fn is_current(&self) -> bool {
+        // SAFETY: Only compares current->mm with our pointer.
+        unsafe { ffi::lg_current_mm_is(self.0) }
+    }
+}
+
+impl Drop for MmRef {
+    fn drop(&mut self) {
+        // SAFETY: By the type invariant we hold one reference.
+        unsafe { ffi::lg_mm_drop(self.0) }
+    }
 }
 
 /// Marks the current task as about to sleep (interruptible, freezable).

@@ -34,6 +34,7 @@ use crate::{
         self,
         LguestData, //
     },
+    switcher::GuestCpu,
     vm::Vm,
 };
 
@@ -152,9 +153,46 @@ pub(crate) fn deliver(vm: &mut Vm, index: usize, vector: u64, error: u64) -> Res
     Ok(true)
 }
 
+/// Does what the guest's `iretq` at `noirq_iret` was doing: pops RIP, CS,
+/// RFLAGS, RSP and SS from its stack.
+///
+/// Needed under QEMU's software emulator before 8.x, which reads the
+/// IRET frame with supervisor rights: with SMAP on, an `iretq` in ring 3
+/// then takes a page fault (error code: present, read, supervisor) on its
+/// own user stack. Real CPUs read it as ring 3 and never get here.
+fn emulate_iret(vm: &mut Vm, index: usize) -> Result<bool, Kill> {
+    let rsp = vm.vcpus[index].cpu.regs.rsp;
+    let Some(gpa) = vm.guest_va_to_gpa(rsp, 40) else {
+        return Ok(false);
+    };
+    let mut b = [0u8; 40];
+    if vm.read_guest(gpa, &mut b).is_err() {
+        return Ok(false);
+    }
+    let w = |i: usize| u64::from_le_bytes([b[8 * i], b[8 * i + 1], b[8 * i + 2], b[8 * i + 3], b[8 * i + 4], b[8 * i + 5], b[8 * i + 6], b[8 * i + 7]]);
+    let (rip, cs, flags, new_rsp, ss) = (w(0), w(1), w(2), w(3), w(4));
+    if cs != uapi::LGUEST_GUEST_CS || ss != uapi::LGUEST_GUEST_SS || rip >= 1 << 47 || new_rsp >= 1 << 47 {
+        return Ok(false);
+    }
+    let r = &mut vm.vcpus[index].cpu.regs;
+    r.rip = rip;
+    r.rsp = new_rsp;
+    r.rflags = GuestCpu::sanitize_flags(flags);
+    Ok(true)
+}
+
 /// Reflects exception `vector` to the guest, or kills it if it has no
 /// handler for it.
 pub(crate) fn reflect_trap(vm: &mut Vm, index: usize, vector: u64, error: u64, cr2: u64) -> Result<(), Kill> {
+    const PF_USER: u64 = 4;
+    if vector == 14 && error & PF_USER == 0 {
+        if let Some(ld) = vm.vcpus[index].lguest_data {
+            let rip = vm.vcpus[index].cpu.regs.rip;
+            if rip == read_ld(vm, ld, offset_of!(LguestData, noirq_iret))? && emulate_iret(vm, index)? {
+                return Ok(());
+            }
+        }
+    }
     if vector == 14 {
         if let Some(ld) = vm.vcpus[index].lguest_data {
             write_ld(vm, ld, offset_of!(LguestData, cr2), cr2)?;

@@ -5,6 +5,7 @@
  */
 #include <linux/irqflags.h>
 #include <linux/mm.h>
+#include <linux/sched/mm.h>
 #include <linux/sched.h>
 #include <linux/sched/signal.h>
 #include <linux/freezer.h>
@@ -204,4 +205,24 @@ bool lg_irqfd_matches(struct lg_irqfd *irqfd, int fd)
 	same = ctx == irqfd->ctx;
 	eventfd_ctx_put(ctx);
 	return same;
+}
+
+/* The current task's address space, with a reference (mmgrab). */
+struct mm_struct *lg_current_mm_grab(void)
+{
+	struct mm_struct *mm = current->mm;
+
+	if (mm)
+		mmgrab(mm);
+	return mm;
+}
+
+bool lg_current_mm_is(struct mm_struct *mm)
+{
+	return current->mm == mm;
+}
+
+void lg_mm_drop(struct mm_struct *mm)
+{
+	mmdrop(mm);
 }

@@ -32,8 +32,8 @@ use crate::{
 };
 
 /// Pages per CPU block, and the allocation order.
-const BLOCK_PAGES: u64 = 4;
-const BLOCK_ORDER: u32 = 2;
+const BLOCK_PAGES: u64 = 8;
+const BLOCK_ORDER: u32 = 3;
 
 /// Offsets in page 0 (see `switcher_64.S`).
 const HOST_CR3: usize = 8;
@@ -60,6 +60,8 @@ const IDT: usize = 4096;
 const KERNEL_CS: u16 = 0x10;
 /// Host GDT entry of the TSS.
 const GDT_ENTRY_TSS: usize = 8;
+/// Host GDT entry of the per-CPU segment.
+const GDT_ENTRY_CPUNODE: usize = 15;
 
 /// Frame slots, in quadwords from `FRAME` (pushed by the exit path).
 mod slot {
@@ -182,12 +184,18 @@ impl CpuBlock {
     }
 
     /// Builds the guest GDT, TSS and IDT; they never change afterwards.
-    fn init(&self, _cpu: u32) {
+    fn init(&self, cpu: u32) {
         // GDT: the host's selectors for kernel code/data and user data/code.
         self.put_u64(GDT + 2 * 8, 0x00af_9b00_0000_ffff); // 0x10 kernel CS64
         self.put_u64(GDT + 3 * 8, 0x00cf_9300_0000_ffff); // 0x18 kernel DS
         self.put_u64(GDT + 5 * 8, 0x00cf_f300_0000_ffff); // 0x2b user DS
         self.put_u64(GDT + 6 * 8, 0x00af_fb00_0000_ffff); // 0x33 user CS64
+        // The host's per-CPU segment (CPU and node in its limit): a host NMI
+        // handler running on our GDT reads it when the CPU lacks RDPID.
+        let host_gdt = helpers::gdt_rw(cpu) as *const u64;
+        // SAFETY: The host GDT of a possible CPU has GDT_ENTRIES (16)
+        // entries; entry 15 is GDT_ENTRY_CPUNODE.
+        self.put_u64(GDT + GDT_ENTRY_CPUNODE * 8, unsafe { host_gdt.add(GDT_ENTRY_CPUNODE).read() });
         let tss = self.addr(TSS);
         let limit: u64 = 104 - 1;
         let low = (limit & 0xffff)
@@ -200,11 +208,16 @@ impl CpuBlock {
         self.put_u16(GUEST_GDTR, 16 * 8 - 1);
         self.put_u64(GUEST_GDTR + 2, self.addr(GDT));
 
-        // TSS: RSP0 at the top of page 0, IST1 (NMI) in the middle of page 3,
-        // IST2 (#MC, #DF) at its top. No I/O bitmap (base beyond the limit).
+        // TSS: RSP0 at the top of page 0; IST6 (our NMI) in the middle of
+        // page 3, IST7 (our #MC, #DF) at its top; IST1-5, which the host's
+        // IDT uses, at the top of pages 4-7 (see switcher_64.S). No I/O
+        // bitmap (its base is beyond the limit).
         self.put_u64(TSS + 4, self.addr(4096));
-        self.put_u64(TSS + 36, self.addr(3 * 4096 + 2048));
-        self.put_u64(TSS + 44, self.addr(4 * 4096));
+        for i in 0..5 {
+            self.put_u64(TSS + 36 + 8 * i, self.addr(8 * 4096));
+        }
+        self.put_u64(TSS + 36 + 8 * 5, self.addr(3 * 4096 + 2048));
+        self.put_u64(TSS + 36 + 8 * 6, self.addr(4 * 4096));
         self.put_u16(TSS + 102, 104);
 
         // IDT: every vector to its stub; int3, into and the hypercall vector
@@ -213,8 +226,8 @@ impl CpuBlock {
         for v in 0..256usize {
             let handler = stubs + 32 * v as u64;
             let ist: u8 = match v {
-                2 => 1,
-                8 | 18 => 2,
+                2 => 6,
+                8 | 18 => 7,
                 _ => 0,
             };
             let dpl3 = v == 3 || v == 4 || v == crate::uapi::LGUEST_TRAP_ENTRY as usize;
@@ -452,6 +465,12 @@ impl Switcher {
         }
         if nmi || mc {
             return Ok(Exit::HostEvent);
+        }
+        if vector == 1 {
+            // A guest single-step or breakpoint left its status in DR6:
+            // clear it, as the host's own #DB handler would have.
+            // SAFETY: Writing DR6's reset value has no other effect.
+            unsafe { core::arch::asm!("mov dr6, {}", in(reg) 0xffff_0ff0u64, options(nomem, nostack)) };
         }
         if vector >= 32 && vector != crate::uapi::LGUEST_TRAP_ENTRY as u64 {
             self.deliver_to_host(b, vector);

@@ -4,15 +4,18 @@
  * and back.
  *
  * Everything here runs with interrupts disabled, called from switcher.rs,
- * which prepared a per-CPU block of four pages (struct lg_cpu_block, layout
- * below and in switcher.rs, kept in step by compile-time assertions there):
+ * which prepared a per-CPU block of eight pages (CpuBlock in switcher.rs,
+ * whose offset constants must match the #defines below):
  *
  *   page 0  host state saved at entry, then the guest register frame at the
  *           very top; TSS.RSP0 points at the end of the page, so a trap from
  *           the guest pushes its frame right there.
  *   page 1  the guest IDT: 256 gates, one stub each (lguest_idt_stubs).
- *   page 2  the guest GDT (same selectors as the host's) and the guest TSS.
- *   page 3  two IST stacks: NMI (IST1), #MC and #DF (IST2).
+ *   page 2  the guest GDT (same selectors as the host's, and the host's
+ *           per-CPU segment) and the guest TSS.
+ *   page 3  our two IST stacks: NMI (IST6), #MC and #DF (IST7).
+ *   pages 4-7  the stack for IST1-5, which only host handlers use: an NMI
+ *           in the two instructions where the host's IDT meets our TSS.
  *
  * The code lives in its own page-aligned section so that it can be mapped,
  * alone, into every guest's shadow page tables at the address it has in the
@@ -36,6 +39,7 @@
 #include <asm/unwind_hints.h>
 #include <asm/ibt.h>
 #include <asm/page_types.h>
+#include <asm/smap.h>
 
 /* Offsets into page 0 (struct LgHostState in switcher.rs). */
 #define LG_HOST_RSP		0
@@ -150,12 +154,18 @@ SYM_FUNC_START(lguest_switch_to_guest)
 	lea	LG_FRAME(%rdi), %rsp
 SYM_INNER_LABEL(lguest_entry_window, SYM_L_GLOBAL)
 	ANNOTATE_NOENDBR
+	/*
+	 * GDT, then TSS, then IDT: whenever our IDT is live, so is our TSS,
+	 * so our NMI and #MC stubs always land on our IST stacks. A host NMI
+	 * between lgdt and lidt runs on our GDT (which carries the host's
+	 * per-CPU segment) and on our TSS's spare IST stacks.
+	 */
 	lgdt	LG_GUEST_GDTR(%rdi)
-	lidt	LG_GUEST_IDTR(%rdi)
 	/* Our TSS may be marked busy from the last entry: ltr needs it free. */
 	andb	$~0x02, (LG_GDT + LG_TSS_SEL + 5)(%rdi)
 	mov	$LG_TSS_SEL, %eax
 	ltr	%ax
+	lidt	LG_GUEST_IDTR(%rdi)
 	xor	%eax, %eax
 	lldt	%ax
 	/* Null data selectors; then the FS/GS bases (a null load may clear them). */
@@ -248,6 +258,7 @@ SYM_CODE_START_LOCAL(lguest_exit_common)
 	push	%r13
 	push	%r14
 	push	%r15
+	ASM_CLAC				/* the guest may run with AC set */
 	mov	%rsp, %rdi
 	and	$PAGE_MASK, %rdi		/* the block */
 	/* CR2 before anything else could fault. */
@@ -278,17 +289,11 @@ SYM_CODE_START_LOCAL(lguest_restore_host)
 	mov	LG_HOST_CR3(%rdi), %rax
 	mov	%rax, %cr3
 	/*
-	 * The host's TSS descriptor is busy (it was current when we left), and
-	 * ltr sets the busy bit again: do it on the writable alias of the GDT.
+	 * The host's GDT (its writable alias), its selectors and its FS/GS
+	 * bases come back while our IDT is still live: from the host's lidt
+	 * on, a host NMI handler may run and must find the host's GS base.
 	 */
 	lgdt	LG_HOST_GDTR_RW(%rdi)
-	movzwl	LG_HOST_TR(%rdi), %eax
-	and	$~7, %eax
-	add	LG_HOST_GDTR_RW+2(%rdi), %rax
-	andb	$~0x02, 5(%rax)
-	ltr	LG_HOST_TR(%rdi)
-	lgdt	LG_HOST_GDTR(%rdi)
-	lidt	LG_HOST_IDTR(%rdi)
 	lldt	LG_HOST_LDT(%rdi)
 	mov	LG_HOST_DS(%rdi), %ds
 	mov	LG_HOST_ES(%rdi), %es
@@ -296,6 +301,17 @@ SYM_CODE_START_LOCAL(lguest_restore_host)
 	mov	LG_HOST_GS(%rdi), %gs
 	WRMSR_FROM MSR_FS_BASE, LG_HOST_FS_BASE
 	WRMSR_FROM MSR_GS_BASE, LG_HOST_GS_BASE
+	lidt	LG_HOST_IDTR(%rdi)
+	/*
+	 * The host's TSS descriptor is busy (it was current when we left), and
+	 * ltr sets the busy bit again: do it on the writable alias, loaded.
+	 */
+	movzwl	LG_HOST_TR(%rdi), %eax
+	and	$~7, %eax
+	add	LG_HOST_GDTR_RW+2(%rdi), %rax
+	andb	$~0x02, 5(%rax)
+	ltr	LG_HOST_TR(%rdi)
+	lgdt	LG_HOST_GDTR(%rdi)
 	WRMSR_FROM MSR_EFER, LG_HOST_EFER
 	WRMSR_FROM MSR_IA32_SYSENTER_CS, LG_HOST_SYSENTER_CS
 	cmpl	$0, LG_PKRU_ON(%rdi)

@@ -84,7 +84,7 @@ pub(crate) struct Vcpu {
     /// What we last wrote to `lguest_data.irq_pending`.
     pub(crate) irq_pending_set: bool,
     /// The run page shared with the launcher (mmap at `index * 4096`).
-    run: HostPage,
+    run: Arc<HostPage>,
     /// Guest-physical address of `struct lguest_data`, once registered.
     pub(crate) lguest_data: Option<u64>,
     /// Next async ring entry to look at.
@@ -101,6 +101,9 @@ pub(crate) struct Vm {
     pub(crate) vcpus: KVec<Vcpu>,
     /// Set when the host killed the guest: the reason.
     dead: Option<Kill>,
+    /// The address space that created the VM: guest memory is its memory,
+    /// so only it may run the guest (as lguest required).
+    owner: helpers::MmRef,
 }
 
 impl Vm {
@@ -134,6 +137,7 @@ impl Vm {
             return Err(EINVAL);
         }
 
+        let owner = helpers::MmRef::current().ok_or(EINVAL)?;
         let mem = GuestMemory::pin(cfg.mem_base, cfg.mem_size)?;
         let mut shadow = ShadowTable::new(sw.levels())?;
         // The initial linear map: guest-virtual = guest-physical for RAM
@@ -152,16 +156,18 @@ impl Vm {
             entry: cfg.entry,
             vcpus: KVec::new(),
             dead: None,
+            owner,
         })
     }
 
     /// Creates the next vCPU, with its interrupt state `irq`; returns its
-    /// index.
-    pub(crate) fn create_vcpu(&mut self, irq: Arc<VcpuIrq>) -> Result<u32> {
+    /// index and its run page (for the launcher's mmap).
+    pub(crate) fn create_vcpu(&mut self, irq: Arc<VcpuIrq>) -> Result<(u32, Arc<HostPage>)> {
         let index = self.vcpus.len() as u32;
         if index >= uapi::LGUEST_MAX_VCPUS {
             return Err(EBUSY);
         }
+        let run = Arc::new(HostPage::new()?, GFP_KERNEL)?;
         let mut cpu = GuestCpu::default();
         cpu.regs.rip = self.entry;
         cpu.regs.rflags = GuestCpu::sanitize_flags(0);
@@ -173,7 +179,7 @@ impl Vm {
                 clock: None,
                 halted: false,
                 irq_pending_set: false,
-                run: HostPage::new()?,
+                run: run.clone(),
                 lguest_data: None,
                 next_hcall: 0,
                 stat_exits: 0,
@@ -181,12 +187,7 @@ impl Vm {
             },
             GFP_KERNEL,
         )?;
-        Ok(index)
-    }
-
-    /// The run page of vCPU `index`, to map into the launcher.
-    pub(crate) fn run_page(&self, index: usize) -> Result<&HostPage> {
-        Ok(&self.vcpus.get(index).ok_or(EINVAL)?.run)
+        Ok((index, run))
     }
 
     /// Reads vCPU `index`'s registers.
@@ -194,9 +195,13 @@ impl Vm {
         Ok(self.vcpus.get(index).ok_or(EINVAL)?.cpu.regs)
     }
 
-    /// Writes vCPU `index`'s registers (flags are clamped).
+    /// Writes vCPU `index`'s registers (flags are clamped; RIP and RSP must
+    /// be lower-half addresses, or the switcher's iretq would fault).
     pub(crate) fn set_regs(&mut self, index: usize, mut regs: LguestRegs) -> Result {
         let v = self.vcpus.get_mut(index).ok_or(EINVAL)?;
+        if regs.rip >= 1 << 47 || regs.rsp >= 1 << 47 {
+            return Err(EINVAL);
+        }
         regs.rflags = GuestCpu::sanitize_flags(regs.rflags);
         v.cpu.regs = regs;
         Ok(())
@@ -217,6 +222,9 @@ impl Vm {
         let sw = Switcher::get()?;
         if index >= self.vcpus.len() {
             return Err(EINVAL);
+        }
+        if !self.owner.is_current() {
+            return Err(EPERM);
         }
         if self.vcpus[index].immediate_exit() {
             return Err(EINTR);
