@@ -37,7 +37,7 @@ use kernel::{
             HrTimerCallbackContext,
             HrTimerPointer,
             HrTimerRestart,
-            RelativeMode, //
+            RelativePinnedMode, //
         },
         Delta,
         Monotonic, //
@@ -65,7 +65,7 @@ pub(crate) struct VcpuIrq {
 
 impl_has_hr_timer! {
     impl HasHrTimer<Self> for VcpuIrq {
-        mode: RelativeMode<Monotonic>, field: self.timer
+        mode: RelativePinnedMode<Monotonic>, field: self.timer
     }
 }
 

@@ -26,6 +26,8 @@ REPORTS = [
         r"general protection fault", r"Call Trace:", r"kernel BUG",
         r"sleeping function called from invalid context",
         r"list_(add|del) corruption", r"stack-protector", r"double fault",
+        r"rcu: INFO", r"detected stalls", r"soft lockup", r"hard LOCKUP",
+        r"blocked for more than", r"kthread starved",
     )
 ]
 STAMP = re.compile(r"^\[\s*\d+\.\d+\]\s*")
@@ -77,6 +79,10 @@ def scan(label, path):
     if not progs:
         failed += 1
         messages.append(f"{label}: no test program reported a result")
+    plans = [int(m.group(1)) for m in (re.match(r"^1\.\.(\d+)$", l) for l in ktap) if m]
+    if plans and len(progs) < plans[0]:
+        failed += plans[0] - len(progs)
+        messages.append(f"{label}: {plans[0] - len(progs)} test program(s) never reported (crash, hang or watchdog)")
     seen = set()
     expected = False
     for line in lines:
