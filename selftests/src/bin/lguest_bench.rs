@@ -6,6 +6,10 @@
 //!   The ratio is what TCG cannot distort much; under `-icount shift=0` the
 //!   TSC advances with instructions, so both are instruction counts.
 //!
+//! - interrupt delivery latency after the guest re-enables interrupts, with
+//!   the `irq_pending` check (delivery at the SEND_INTERRUPTS hypercall)
+//!   and without it (`noirqcheck`: delivery waits for the next exit).
+//!
 //! Output: one `bench: name value unit` line per figure.
 
 use std::process::Command;
@@ -36,6 +40,22 @@ fn hypercall_cycles(n: u64) -> Option<f64> {
     Some(cycles / n as f64)
 }
 
+/// Median interrupt delivery latency after re-enabling, in TSC cycles,
+/// from `guest-ops latency [noirqcheck]`.
+fn latency(noirqcheck: bool) -> Option<u64> {
+    let guests = std::env::var("LGUEST_GUESTS").unwrap_or_else(|_| "/usr/share/lguest/guests".into());
+    let mut args = vec!["run".to_string(), "--memory".into(), "16M".into(), format!("{guests}/guest-ops"), "latency".into()];
+    if noirqcheck {
+        args.push("noirqcheck".into());
+    }
+    let out = Command::new(std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into())).args(&args).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.contains("median"))?;
+    let mut words = line.split_whitespace();
+    words.find(|w| *w == "median")?;
+    words.next()?.parse().ok()
+}
+
 fn main() {
     let n = 200_000;
     let getpid = getpid_cycles(n);
@@ -49,5 +69,13 @@ fn main() {
             println!("bench: hypercall_round_trip failed");
             std::process::exit(1);
         }
+    }
+    match (latency(false), latency(true)) {
+        (Some(on), Some(off)) => {
+            println!("bench: irq_latency_with_check {on} cycles (median of 20)");
+            println!("bench: irq_latency_without_check {off} cycles (median of 20, noirqcheck)");
+            println!("bench: irq_latency_ratio {:.1} ratio (without / with)", off as f64 / on.max(1) as f64);
+        }
+        _ => println!("bench: irq_latency failed"),
     }
 }
