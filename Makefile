@@ -10,7 +10,7 @@
 #   make debug-test   the suite on the debug kernel (KASAN, lockdep, kmemleak)
 #   make bench    the benchmarks (instruction counts and ratios)
 #   make setup / kernel / build   the individual steps
-#   make check    rustfmt and clippy on the userspace crates
+#   make check    rustfmt (userspace and module) and clippy (userspace)
 
 SHELL := /bin/bash
 S := scripts
@@ -51,6 +51,7 @@ gdb: build
 check:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	. $(S)/env.sh && rustfmt --config-path "$$KSRC/.rustfmt.toml" --edition 2021 --check lguest_host.rs
 
 clean:
 	cargo clean

@@ -41,17 +41,17 @@ use kernel::{
 };
 
 use crate::{
+    irq::{
+        IrqFd,
+        VcpuIrq, //
+    },
+    mm::HostPage,
     uapi::{
         self,
         LguestIrqfd,
         LguestVcpuRegs,
         LguestVmConfig, //
     },
-    irq::{
-        IrqFd,
-        VcpuIrq, //
-    },
-    mm::HostPage,
     vm::Vm,
 };
 
@@ -83,9 +83,12 @@ pub(crate) struct LguestFile {
 
 impl LguestFile {
     fn create_vm(&self, arg: usize) -> Result<isize> {
-        let cfg: LguestVmConfig = UserSlice::new(UserPtr::from_addr(arg), core::mem::size_of::<LguestVmConfig>())
-            .reader()
-            .read()?;
+        let cfg: LguestVmConfig = UserSlice::new(
+            UserPtr::from_addr(arg),
+            core::mem::size_of::<LguestVmConfig>(),
+        )
+        .reader()
+        .read()?;
         let mut vm = self.vm.lock();
         if vm.is_some() {
             return Err(EEXIST);
@@ -112,8 +115,11 @@ impl LguestFile {
     }
 
     fn get_regs(&self, arg: usize) -> Result<isize> {
-        let (mut r, mut w) = UserSlice::new(UserPtr::from_addr(arg), core::mem::size_of::<LguestVcpuRegs>())
-            .reader_writer();
+        let (mut r, mut w) = UserSlice::new(
+            UserPtr::from_addr(arg),
+            core::mem::size_of::<LguestVcpuRegs>(),
+        )
+        .reader_writer();
         let mut req: LguestVcpuRegs = r.read()?;
         if req.pad != 0 {
             return Err(EINVAL);
@@ -126,7 +132,9 @@ impl LguestFile {
 
     fn irqfd(&self, arg: usize) -> Result<isize> {
         let req: LguestIrqfd =
-            UserSlice::new(UserPtr::from_addr(arg), core::mem::size_of::<LguestIrqfd>()).reader().read()?;
+            UserSlice::new(UserPtr::from_addr(arg), core::mem::size_of::<LguestIrqfd>())
+                .reader()
+                .read()?;
         if req.pad != 0 || req.irq as usize >= uapi::LGUEST_IRQS || req.fd < 0 {
             return Err(EINVAL);
         }
@@ -142,7 +150,10 @@ impl LguestFile {
                 fds.push(IrqFd::attach(&self.irq, req.fd, req.irq)?, GFP_KERNEL)?;
             }
             uapi::LGUEST_IRQFD_DEASSIGN => {
-                let i = fds.iter().position(|f| f.is(req.fd, req.irq)).ok_or(ENOENT)?;
+                let i = fds
+                    .iter()
+                    .position(|f| f.is(req.fd, req.irq))
+                    .ok_or(ENOENT)?;
                 drop(fds.remove(i)?);
             }
             _ => return Err(EINVAL),
@@ -151,14 +162,19 @@ impl LguestFile {
     }
 
     fn set_regs(&self, arg: usize) -> Result<isize> {
-        let req: LguestVcpuRegs = UserSlice::new(UserPtr::from_addr(arg), core::mem::size_of::<LguestVcpuRegs>())
-            .reader()
-            .read()?;
+        let req: LguestVcpuRegs = UserSlice::new(
+            UserPtr::from_addr(arg),
+            core::mem::size_of::<LguestVcpuRegs>(),
+        )
+        .reader()
+        .read()?;
         if req.pad != 0 {
             return Err(EINVAL);
         }
         let mut guard = self.vm.lock();
-        Option::as_mut(&mut *guard).ok_or(ENOENT)?.set_regs(req.vcpu as usize, req.regs)?;
+        Option::as_mut(&mut *guard)
+            .ok_or(ENOENT)?
+            .set_regs(req.vcpu as usize, req.regs)?;
         Ok(0)
     }
 }
@@ -205,7 +221,9 @@ impl MiscDevice for LguestFile {
     /// Maps vCPU `pgoff`'s run page. The mapping must be shared (the
     /// launcher writes `immediate_exit` into the kernel's page) and one page.
     fn mmap(this: Pin<&LguestFile>, _file: &File, vma: &VmaNew) -> Result {
-        if vma.end() - vma.start() != uapi::LGUEST_RUN_PAGE_SIZE || vma.flags() & vmflags::SHARED == 0 {
+        if vma.end() - vma.start() != uapi::LGUEST_RUN_PAGE_SIZE
+            || vma.flags() & vmflags::SHARED == 0
+        {
             return Err(EINVAL);
         }
         // SAFETY: The vma is valid for this call; vm_pgoff is plain data.

@@ -86,7 +86,13 @@ pub(crate) fn do_hypercalls(vm: &mut Vm, index: usize) -> Result<Option<UserExit
     let regs = vm.vcpus[index].cpu.regs;
     vm.vcpus[index].stat_hypercalls += 1;
     run_async_ring(vm, index)?;
-    let args = HcallArgs { arg0: regs.rax, arg1: regs.rdi, arg2: regs.rsi, arg3: regs.rdx, arg4: regs.r10 };
+    let args = HcallArgs {
+        arg0: regs.rax,
+        arg1: regs.rdi,
+        arg2: regs.rsi,
+        arg3: regs.rdx,
+        arg4: regs.r10,
+    };
     let exit = dispatch(vm, index, &args, false)?;
     vm.vcpus[index].cpu.regs.rax = 0;
     Ok(exit)
@@ -118,9 +124,18 @@ fn run_async_ring(vm: &mut Vm, index: usize) -> Result<(), Kill> {
             w.copy_from_slice(&raw[8 * i..8 * i + 8]);
             u64::from_le_bytes(w)
         };
-        let args = HcallArgs { arg0: word(0), arg1: word(1), arg2: word(2), arg3: word(3), arg4: word(4) };
+        let args = HcallArgs {
+            arg0: word(0),
+            arg1: word(1),
+            arg2: word(2),
+            arg3: word(3),
+            arg4: word(4),
+        };
         dispatch(vm, index, &args, true)?;
-        if vm.write_guest(status_at, &[uapi::LHCALL_STATUS_DONE]).is_err() {
+        if vm
+            .write_guest(status_at, &[uapi::LHCALL_STATUS_DONE])
+            .is_err()
+        {
             return kill!("lguest_data at {ld:#x} is no longer writable");
         }
         vm.vcpus[index].next_hcall = (n + 1) % uapi::LHCALL_RING_SIZE;
@@ -129,13 +144,22 @@ fn run_async_ring(vm: &mut Vm, index: usize) -> Result<(), Kill> {
 }
 
 /// Performs one hypercall. `in_ring`: it came from the async ring, where
-/// calls that need the launcher are not allowed.
-fn dispatch(vm: &mut Vm, index: usize, a: &HcallArgs, in_ring: bool) -> Result<Option<UserExit>, Kill> {
+/// calls that end the run loop's turn (SHUTDOWN and NOTIFY go to the
+/// launcher, HALT sleeps) are not allowed.
+fn dispatch(
+    vm: &mut Vm,
+    index: usize,
+    a: &HcallArgs,
+    in_ring: bool,
+) -> Result<Option<UserExit>, Kill> {
     let nr = a.arg0;
     if vm.vcpus[index].lguest_data.is_none() && nr != uapi::LHCALL_LGUEST_INIT {
         return kill!("hypercall {nr} ({}) before LGUEST_INIT", name(nr));
     }
-    let needs_launcher = matches!(nr, uapi::LHCALL_SHUTDOWN | uapi::LHCALL_NOTIFY | uapi::LHCALL_HALT);
+    let needs_launcher = matches!(
+        nr,
+        uapi::LHCALL_SHUTDOWN | uapi::LHCALL_NOTIFY | uapi::LHCALL_HALT
+    );
     if in_ring && needs_launcher {
         return kill!("hypercall {} is not allowed in the async ring", name(nr));
     }
@@ -143,9 +167,14 @@ fn dispatch(vm: &mut Vm, index: usize, a: &HcallArgs, in_ring: bool) -> Result<O
         uapi::LHCALL_FLUSH_ASYNC | uapi::LHCALL_SEND_INTERRUPTS => Ok(None),
         uapi::LHCALL_LGUEST_INIT => init(vm, index, a.arg1).map(|()| None),
         uapi::LHCALL_SHUTDOWN => shutdown(vm, a.arg1, a.arg2).map(Some),
-        uapi::LHCALL_NOTIFY => Ok(Some(UserExit::Notify { addr: a.arg1, arg: a.arg2 })),
+        uapi::LHCALL_NOTIFY => Ok(Some(UserExit::Notify {
+            addr: a.arg1,
+            arg: a.arg2,
+        })),
         uapi::LHCALL_HALT => interrupts::halt(vm, index).map(|()| None),
-        uapi::LHCALL_LOAD_IDT_ENTRY => interrupts::load_idt_entry(vm, index, a.arg1, a.arg2, a.arg3).map(|()| None),
+        uapi::LHCALL_LOAD_IDT_ENTRY => {
+            interrupts::load_idt_entry(vm, index, a.arg1, a.arg2, a.arg3).map(|()| None)
+        }
         uapi::LHCALL_SET_CLOCKEVENT => {
             let v = &mut vm.vcpus[index];
             // Dropping the old event cancels it.
@@ -163,7 +192,9 @@ fn dispatch(vm: &mut Vm, index: usize, a: &HcallArgs, in_ring: bool) -> Result<O
         | uapi::LHCALL_SET_PTE
         | uapi::LHCALL_SET_PGD
         | uapi::LHCALL_LOAD_TLS
-        | uapi::LHCALL_LOAD_GDT_ENTRY => kill!("hypercall {} is not supported by this host yet", name(nr)),
+        | uapi::LHCALL_LOAD_GDT_ENTRY => {
+            kill!("hypercall {} is not supported by this host yet", name(nr))
+        }
         _ => kill!("bad hypercall {nr}"),
     }
 }
@@ -174,15 +205,29 @@ fn init(vm: &mut Vm, index: usize, gpa: u64) -> Result<(), Kill> {
         return kill!("LGUEST_INIT called twice");
     }
     let size = core::mem::size_of::<LguestData>() as u64;
-    if gpa % 8 != 0 || gpa.checked_add(size).map_or(true, |end| end > vm.mem.size()) {
+    if gpa % 8 != 0
+        || gpa
+            .checked_add(size)
+            .map_or(true, |end| end > vm.mem.size())
+    {
         return kill!("bad lguest_data address {gpa:#x}");
     }
     // The guest must stay in the lower half: the switcher is in the upper.
     let reserve_mem: u64 = 1 << 47;
     // SAFETY: Reads variables set up at boot.
-    let tsc_khz = unsafe { if bindings::check_tsc_unstable() == 0 { bindings::tsc_khz } else { 0 } };
+    let tsc_khz = unsafe {
+        if bindings::check_tsc_unstable() == 0 {
+            bindings::tsc_khz
+        } else {
+            0
+        }
+    };
     let put = |off: usize, bytes: &[u8]| vm.write_guest(gpa + off as u64, bytes);
-    let ok = put(offset_of!(LguestData, reserve_mem), &reserve_mem.to_le_bytes()).is_ok()
+    let ok = put(
+        offset_of!(LguestData, reserve_mem),
+        &reserve_mem.to_le_bytes(),
+    )
+    .is_ok()
         && put(offset_of!(LguestData, tsc_khz), &tsc_khz.to_le_bytes()).is_ok()
         && write_time(vm, gpa).is_ok();
     if !ok {
@@ -194,7 +239,10 @@ fn init(vm: &mut Vm, index: usize, gpa: u64) -> Result<(), Kill> {
 
 /// Writes the wall-clock time into `lguest_data` at `gpa`.
 pub(crate) fn write_time(vm: &Vm, gpa: u64) -> Result {
-    let mut ts = bindings::timespec64 { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = bindings::timespec64 {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid timespec64 to fill in.
     unsafe { bindings::ktime_get_real_ts64(&mut ts) };
     let mut t = [0u8; 16];
@@ -207,7 +255,9 @@ pub(crate) fn write_time(vm: &Vm, gpa: u64) -> Result {
 fn shutdown(vm: &Vm, msg: u64, reason: u64) -> Result<UserExit, Kill> {
     if !matches!(
         reason,
-        uapi::LGUEST_SHUTDOWN_POWEROFF | uapi::LGUEST_SHUTDOWN_RESTART | uapi::LGUEST_SHUTDOWN_CRASH
+        uapi::LGUEST_SHUTDOWN_POWEROFF
+            | uapi::LGUEST_SHUTDOWN_RESTART
+            | uapi::LGUEST_SHUTDOWN_CRASH
     ) {
         return kill!("bad shutdown reason {reason}");
     }

@@ -29,7 +29,12 @@ mod ffi {
         pub(super) fn lg_read_efer() -> usize;
         pub(super) fn lg_cpu_id() -> u32;
         pub(super) fn lg_page_offset_base() -> usize;
-        pub(super) fn lg_irqfd_attach(fd: i32, data: *mut core::ffi::c_void, irq: u32, err: *mut i32) -> *mut core::ffi::c_void;
+        pub(super) fn lg_irqfd_attach(
+            fd: i32,
+            data: *mut core::ffi::c_void,
+            irq: u32,
+            err: *mut i32,
+        ) -> *mut core::ffi::c_void;
         pub(super) fn lg_irqfd_detach(irqfd: *mut core::ffi::c_void);
         pub(super) fn lg_irqfd_matches(irqfd: *mut core::ffi::c_void, fd: i32) -> bool;
         pub(super) fn lguest_switch_to_guest(block: *mut u8);
@@ -167,7 +172,11 @@ pub(crate) fn schedule() {
 /// # Safety
 ///
 /// `data` must stay valid until [`irqfd_detach`] returns.
-pub(crate) unsafe fn irqfd_attach(fd: i32, data: *mut core::ffi::c_void, irq: u32) -> kernel::error::Result<*mut core::ffi::c_void> {
+pub(crate) unsafe fn irqfd_attach(
+    fd: i32,
+    data: *mut core::ffi::c_void,
+    irq: u32,
+) -> kernel::error::Result<*mut core::ffi::c_void> {
     let mut err = 0i32;
     // SAFETY: `err` is a valid out-parameter; the caller keeps `data` alive.
     let p = unsafe { ffi::lg_irqfd_attach(fd, data, irq, &mut err) };

@@ -30,17 +30,17 @@ pub(crate) fn check_host() -> Result {
     let cr4 = helpers::read_cr4();
     let efer = helpers::read_efer();
     if cr4 & CR4_FRED != 0 {
-        pr_err!("lguest: FRED is active on this host (CR4.FRED); the switcher needs IDT event delivery: boot with fred=off\n");
+        pr_err!("FRED is active on this host (CR4.FRED); the switcher needs IDT event delivery: boot with fred=off\n");
         return Err(ENODEV);
     }
     if efer & EFER_LMA == 0 || efer & EFER_NXE == 0 {
-        pr_err!("lguest: needs long mode with no-execute pages (EFER {:#x})\n", efer);
+        pr_err!("needs long mode with no-execute pages (EFER {:#x})\n", efer);
         return Err(ENODEV);
     }
     let on = |bit: u64| if cr4 & bit != 0 { "on" } else { "off" };
     let levels = if cr4 & CR4_LA57 != 0 { 5 } else { 4 };
     pr_info!(
-        "lguest: host CR4 {:#x}: {}-level paging, PCID {}, SMEP {}, SMAP {}, PKE {}, CET {}, UMIP {}; ABI version {}\n",
+        "host CR4 {:#x}: {}-level paging, PCID {}, SMEP {}, SMAP {}, PKE {}, CET {}, UMIP {}; ABI version {}\n",
         cr4,
         levels,
         on(CR4_PCIDE),
@@ -52,7 +52,7 @@ pub(crate) fn check_host() -> Result {
         crate::uapi::LGUEST_API_VERSION
     );
     if cr4 & CR4_UMIP == 0 {
-        pr_warn!("lguest: UMIP is off: guests can read the addresses of the switcher's GDT and IDT with sgdt/sidt\n");
+        pr_warn!("UMIP is off: guests can read the addresses of the switcher's GDT and IDT with sgdt/sidt\n");
     }
     Ok(())
 }

@@ -30,11 +30,11 @@ use crate::{
         Kill, //
     },
     helpers,
+    switcher::GuestCpu,
     uapi::{
         self,
         LguestData, //
     },
-    switcher::GuestCpu,
     vm::Vm,
 };
 
@@ -61,7 +61,13 @@ fn has_error_code(vector: u64) -> bool {
 }
 
 /// `LHCALL_LOAD_IDT_ENTRY(vector, handler, type)`.
-pub(crate) fn load_idt_entry(vm: &mut Vm, index: usize, vector: u64, handler: u64, kind: u64) -> Result<(), Kill> {
+pub(crate) fn load_idt_entry(
+    vm: &mut Vm,
+    index: usize,
+    vector: u64,
+    handler: u64,
+    kind: u64,
+) -> Result<(), Kill> {
     if vector > 255 {
         return kill!("LOAD_IDT_ENTRY: bad vector {vector}");
     }
@@ -69,7 +75,9 @@ pub(crate) fn load_idt_entry(vm: &mut Vm, index: usize, vector: u64, handler: u6
         return kill!("LOAD_IDT_ENTRY: vector {vector} belongs to the host");
     }
     if handler >= 1 << 47 {
-        return kill!("LOAD_IDT_ENTRY: handler {handler:#x} for vector {vector} is not a guest address");
+        return kill!(
+            "LOAD_IDT_ENTRY: handler {handler:#x} for vector {vector} is not a guest address"
+        );
     }
     let interrupt = match kind {
         GATE_INTERRUPT => true,
@@ -100,7 +108,12 @@ fn write_ld(vm: &Vm, ld: u64, off: usize, v: u64) -> Result<(), Kill> {
 /// Sets `irq_pending` as given, writing guest memory only on a change.
 fn set_irq_pending(vm: &mut Vm, index: usize, ld: u64, on: bool) -> Result<(), Kill> {
     if vm.vcpus[index].irq_pending_set != on {
-        write_ld(vm, ld, offset_of!(LguestData, irq_pending), if on { uapi::X86_EFLAGS_IF } else { 0 })?;
+        write_ld(
+            vm,
+            ld,
+            offset_of!(LguestData, irq_pending),
+            if on { uapi::X86_EFLAGS_IF } else { 0 },
+        )?;
         vm.vcpus[index].irq_pending_set = on;
     }
     Ok(())
@@ -125,7 +138,13 @@ pub(crate) fn deliver(vm: &mut Vm, index: usize, vector: u64, error: u64) -> Res
         frame[n] = error;
         n += 1;
     }
-    for v in [regs.rip, uapi::LGUEST_GUEST_CS, flags, regs.rsp, uapi::LGUEST_GUEST_SS] {
+    for v in [
+        regs.rip,
+        uapi::LGUEST_GUEST_CS,
+        flags,
+        regs.rsp,
+        uapi::LGUEST_GUEST_SS,
+    ] {
         frame[n] = v;
         n += 1;
     }
@@ -135,10 +154,16 @@ pub(crate) fn deliver(vm: &mut Vm, index: usize, vector: u64, error: u64) -> Res
         bytes[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
     }
     let Some(gpa) = vm.guest_va_to_gpa(new_rsp, 8 * n) else {
-        return kill!("cannot deliver vector {vector}: the guest stack at {:#x} is not in its memory", regs.rsp);
+        return kill!(
+            "cannot deliver vector {vector}: the guest stack at {:#x} is not in its memory",
+            regs.rsp
+        );
     };
     if vm.write_guest(gpa, &bytes[..8 * n]).is_err() {
-        return kill!("cannot deliver vector {vector}: the guest stack at {:#x} is not writable", regs.rsp);
+        return kill!(
+            "cannot deliver vector {vector}: the guest stack at {:#x} is not writable",
+            regs.rsp
+        );
     }
     let r = &mut vm.vcpus[index].cpu.regs;
     r.rsp = new_rsp;
@@ -169,9 +194,24 @@ fn emulate_iret(vm: &mut Vm, index: usize) -> Result<bool, Kill> {
     if vm.read_guest(gpa, &mut b).is_err() {
         return Ok(false);
     }
-    let w = |i: usize| u64::from_le_bytes([b[8 * i], b[8 * i + 1], b[8 * i + 2], b[8 * i + 3], b[8 * i + 4], b[8 * i + 5], b[8 * i + 6], b[8 * i + 7]]);
+    let w = |i: usize| {
+        u64::from_le_bytes([
+            b[8 * i],
+            b[8 * i + 1],
+            b[8 * i + 2],
+            b[8 * i + 3],
+            b[8 * i + 4],
+            b[8 * i + 5],
+            b[8 * i + 6],
+            b[8 * i + 7],
+        ])
+    };
     let (rip, cs, flags, new_rsp, ss) = (w(0), w(1), w(2), w(3), w(4));
-    if cs != uapi::LGUEST_GUEST_CS || ss != uapi::LGUEST_GUEST_SS || rip >= 1 << 47 || new_rsp >= 1 << 47 {
+    if cs != uapi::LGUEST_GUEST_CS
+        || ss != uapi::LGUEST_GUEST_SS
+        || rip >= 1 << 47
+        || new_rsp >= 1 << 47
+    {
         return Ok(false);
     }
     let r = &mut vm.vcpus[index].cpu.regs;
@@ -183,12 +223,20 @@ fn emulate_iret(vm: &mut Vm, index: usize) -> Result<bool, Kill> {
 
 /// Reflects exception `vector` to the guest, or kills it if it has no
 /// handler for it.
-pub(crate) fn reflect_trap(vm: &mut Vm, index: usize, vector: u64, error: u64, cr2: u64) -> Result<(), Kill> {
+pub(crate) fn reflect_trap(
+    vm: &mut Vm,
+    index: usize,
+    vector: u64,
+    error: u64,
+    cr2: u64,
+) -> Result<(), Kill> {
     const PF_USER: u64 = 4;
     if vector == 14 && error & PF_USER == 0 {
         if let Some(ld) = vm.vcpus[index].lguest_data {
             let rip = vm.vcpus[index].cpu.regs.rip;
-            if rip == read_ld(vm, ld, offset_of!(LguestData, noirq_iret))? && emulate_iret(vm, index)? {
+            if rip == read_ld(vm, ld, offset_of!(LguestData, noirq_iret))?
+                && emulate_iret(vm, index)?
+            {
                 return Ok(());
             }
         }
@@ -241,7 +289,10 @@ pub(crate) fn maybe_deliver(vm: &mut Vm, index: usize) -> Result<(), Kill> {
     let irq = ready.trailing_zeros();
     vm.vcpus[index].irq.clear(irq);
     if !deliver(vm, index, FIRST_IRQ_VECTOR + irq as u64, 0)? {
-        return kill!("interrupt {irq} is not blocked but the guest has no handler for vector {}", FIRST_IRQ_VECTOR + irq as u64);
+        return kill!(
+            "interrupt {irq} is not blocked but the guest has no handler for vector {}",
+            FIRST_IRQ_VECTOR + irq as u64
+        );
     }
     // Virtual IF is now off (interrupt gates): if more are waiting, say so.
     let more = deliverable(vm, index, ld)? != 0;
@@ -251,7 +302,12 @@ pub(crate) fn maybe_deliver(vm: &mut Vm, index: usize) -> Result<(), Kill> {
 /// `LHCALL_HALT`: interrupts on, and sleep until one is deliverable.
 pub(crate) fn halt(vm: &mut Vm, index: usize) -> Result<(), Kill> {
     if let Some(ld) = vm.vcpus[index].lguest_data {
-        write_ld(vm, ld, offset_of!(LguestData, irq_enabled), uapi::X86_EFLAGS_IF)?;
+        write_ld(
+            vm,
+            ld,
+            offset_of!(LguestData, irq_enabled),
+            uapi::X86_EFLAGS_IF,
+        )?;
     }
     vm.vcpus[index].halted = true;
     Ok(())

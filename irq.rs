@@ -18,10 +18,8 @@ use core::sync::atomic::{
     Ordering, //
 };
 use kernel::{
-    bindings,
-    impl_has_hr_timer,
+    bindings, impl_has_hr_timer, new_spinlock_irq,
     prelude::*,
-    new_spinlock_irq,
     sync::{
         aref::ARef,
         Arc,
@@ -168,7 +166,11 @@ impl IrqFd {
         // SAFETY: `data` stays valid until Drop (we own that reference).
         match unsafe { crate::helpers::irqfd_attach(fd, data as *mut _, line) } {
             // INVARIANT: `raw` is live and its data is `data`.
-            Ok(raw) => Ok(Self { raw, irq: data, line }),
+            Ok(raw) => Ok(Self {
+                raw,
+                irq: data,
+                line,
+            }),
             Err(e) => {
                 // SAFETY: `data` came from Arc::into_raw above, unused.
                 drop(unsafe { Arc::from_raw(data) });

@@ -89,11 +89,6 @@ unsigned long lg_read_cr3(void)
 	return __read_cr3();
 }
 
-unsigned long lg_read_cr0(void)
-{
-	return read_cr0();
-}
-
 unsigned long lg_read_efer(void)
 {
 	u64 efer;

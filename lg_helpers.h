@@ -29,7 +29,6 @@ void lg_set_current_running(void);
 void lg_schedule(void);
 unsigned long lg_read_cr4(void);
 unsigned long lg_read_cr3(void);
-unsigned long lg_read_cr0(void);
 unsigned long lg_read_efer(void);
 unsigned int lg_cpu_id(void);
 unsigned long lg_page_offset_base(void);

@@ -5,9 +5,13 @@
 //! Guest RAM is the launcher's memory. At VM creation every page of it is
 //! pinned (`pin_user_pages_fast` with `FOLL_LONGTERM`), so the physical pages
 //! the shadow tables point at cannot be freed or migrated while the guest can
-//! reach them, whatever the launcher does to its mappings afterwards
-//! (`munmap` just drops the launcher's view; the guest keeps the pinned
-//! pages until the VM is destroyed). The pins are released in `Drop`.
+//! reach them, whatever the launcher does to its mappings afterwards: the
+//! guest keeps the pinned pages until the VM is destroyed, when the pins are
+//! released (`Drop`). The host's own accesses to guest memory (hypercall
+//! arguments, `lguest_data`, interrupt frames) go through the launcher's
+//! current mapping instead (`Vm::read_guest`), so after a `munmap` or
+//! `mremap` they fail with EFAULT and the guest is killed; they can never
+//! reach a page the guest does not own.
 //!
 //! The shadow tables are owned by one [`ShadowTable`]: every table page it
 //! allocated is in its `pages` list and freed with it. Nothing here is
@@ -15,8 +19,8 @@
 
 use kernel::{
     alloc::flags::{
-        GFP_KERNEL,
         __GFP_ZERO, //
+        GFP_KERNEL,
     },
     bindings,
     page::Page,
@@ -102,7 +106,10 @@ impl GuestMemory {
     pub(crate) fn pin(base: u64, size: u64) -> Result<Self> {
         let npages = (size / PAGE_SIZE) as usize;
         let mut pages = KVVec::with_capacity(npages, GFP_KERNEL)?;
-        let mut mem = GuestMemory { base, pages: KVVec::new() };
+        let mut mem = GuestMemory {
+            base,
+            pages: KVVec::new(),
+        };
         let mut done = 0usize;
         while done < npages {
             let chunk = core::cmp::min(npages - done, 512);
@@ -128,7 +135,11 @@ impl GuestMemory {
             if got != chunk as i32 {
                 mem.pages = pages;
                 // Dropping `mem` unpins what we got.
-                return Err(if got < 0 { Error::from_errno(got) } else { EFAULT });
+                return Err(if got < 0 {
+                    Error::from_errno(got)
+                } else {
+                    EFAULT
+                });
             }
         }
         mem.pages = pages;
@@ -180,7 +191,11 @@ pub(crate) struct ShadowTable {
 impl ShadowTable {
     /// An empty tree with `levels` levels (4 or 5).
     pub(crate) fn new(levels: u32) -> Result<Self> {
-        Ok(Self { levels, root: HostPage::new()?, pages: KVec::new() })
+        Ok(Self {
+            levels,
+            root: HostPage::new()?,
+            pages: KVec::new(),
+        })
     }
 
     /// Physical address of the root, for CR3.

@@ -141,7 +141,9 @@ struct CpuBlock {
 impl CpuBlock {
     fn new(cpu: u32) -> Result<Self> {
         // SAFETY: alloc_pages may be called from process context.
-        let page = unsafe { bindings::alloc_pages(bindings::GFP_KERNEL | bindings::__GFP_ZERO, BLOCK_ORDER) };
+        let page = unsafe {
+            bindings::alloc_pages(bindings::GFP_KERNEL | bindings::__GFP_ZERO, BLOCK_ORDER)
+        };
         if page.is_null() {
             return Err(ENOMEM);
         }
@@ -190,12 +192,14 @@ impl CpuBlock {
         self.put_u64(GDT + 3 * 8, 0x00cf_9300_0000_ffff); // 0x18 kernel DS
         self.put_u64(GDT + 5 * 8, 0x00cf_f300_0000_ffff); // 0x2b user DS
         self.put_u64(GDT + 6 * 8, 0x00af_fb00_0000_ffff); // 0x33 user CS64
-        // The host's per-CPU segment (CPU and node in its limit): a host NMI
-        // handler running on our GDT reads it when the CPU lacks RDPID.
+                                                          // The host's per-CPU segment (CPU and node in its limit): a host NMI
+                                                          // handler running on our GDT reads it when the CPU lacks RDPID.
         let host_gdt = helpers::gdt_rw(cpu) as *const u64;
         // SAFETY: The host GDT of a possible CPU has GDT_ENTRIES (16)
         // entries; entry 15 is GDT_ENTRY_CPUNODE.
-        self.put_u64(GDT + GDT_ENTRY_CPUNODE * 8, unsafe { host_gdt.add(GDT_ENTRY_CPUNODE).read() });
+        self.put_u64(GDT + GDT_ENTRY_CPUNODE * 8, unsafe {
+            host_gdt.add(GDT_ENTRY_CPUNODE).read()
+        });
         let tss = self.addr(TSS);
         let limit: u64 = 104 - 1;
         let low = (limit & 0xffff)
@@ -274,7 +278,7 @@ impl Switcher {
     pub(crate) fn init() -> Result {
         let cr4 = helpers::read_cr4();
         if helpers::read_efer() & EFER_NXE == 0 {
-            pr_err!("lguest: EFER.NXE is off; the switcher needs no-execute pages\n");
+            pr_err!("EFER.NXE is off; the switcher needs no-execute pages\n");
             return Err(ENODEV);
         }
         let ncpus = kernel::cpu::nr_cpu_ids();
@@ -302,7 +306,7 @@ impl Switcher {
             GFP_KERNEL,
         )?;
         pr_info!(
-            "lguest: switcher at {:#x} ({} text pages), {} CPUs, {}-level paging{}\n",
+            "switcher at {:#x} ({} text pages), {} CPUs, {}-level paging{}\n",
             start,
             s.text.len(),
             ncpus,
@@ -470,7 +474,9 @@ impl Switcher {
             // A guest single-step or breakpoint left its status in DR6:
             // clear it, as the host's own #DB handler would have.
             // SAFETY: Writing DR6's reset value has no other effect.
-            unsafe { core::arch::asm!("mov dr6, {}", in(reg) 0xffff_0ff0u64, options(nomem, nostack)) };
+            unsafe {
+                core::arch::asm!("mov dr6, {}", in(reg) 0xffff_0ff0u64, options(nomem, nostack))
+            };
         }
         if vector >= 32 && vector != crate::uapi::LGUEST_TRAP_ENTRY as u64 {
             self.deliver_to_host(b, vector);

@@ -26,6 +26,15 @@ use crate::{
         Kill, //
     },
     helpers,
+    interrupts::{
+        self,
+        GuestGate,
+        Halted, //
+    },
+    irq::{
+        ClockEvent,
+        VcpuIrq, //
+    },
     mm::{
         GuestMemory,
         HostPage,
@@ -36,15 +45,6 @@ use crate::{
         PTE_P,
         PTE_RW,
         PTE_US, //
-    },
-    interrupts::{
-        self,
-        GuestGate,
-        Halted, //
-    },
-    irq::{
-        ClockEvent,
-        VcpuIrq, //
     },
     switcher::{
         Exit,
@@ -211,7 +211,7 @@ impl Vm {
     pub(crate) fn kill(&mut self, reason: Kill) {
         if self.dead.is_none() {
             let text = core::str::from_utf8(reason.bytes()).unwrap_or("(unprintable)");
-            pr_info!("lguest: guest killed: {}\n", text);
+            pr_info!("guest killed: {}\n", text);
             self.dead = Some(reason);
         }
     }
@@ -298,13 +298,17 @@ impl Vm {
     /// Copies `buf.len()` bytes of guest-physical memory at `gpa` into `buf`.
     pub(crate) fn read_guest(&self, gpa: u64, buf: &mut [u8]) -> Result {
         let addr = self.guest_addr(gpa, buf.len())?;
-        UserSlice::new(UserPtr::from_addr(addr), buf.len()).reader().read_slice(buf)
+        UserSlice::new(UserPtr::from_addr(addr), buf.len())
+            .reader()
+            .read_slice(buf)
     }
 
     /// Copies `data` to guest-physical memory at `gpa`.
     pub(crate) fn write_guest(&self, gpa: u64, data: &[u8]) -> Result {
         let addr = self.guest_addr(gpa, data.len())?;
-        UserSlice::new(UserPtr::from_addr(addr), data.len()).writer().write_slice(data)
+        UserSlice::new(UserPtr::from_addr(addr), data.len())
+            .writer()
+            .write_slice(data)
     }
 
     /// The launcher address of guest RAM `[gpa, gpa + len)`, if it is RAM.
@@ -353,7 +357,9 @@ impl Vcpu {
 
     fn report(&self, exit: UserExit) {
         match exit {
-            UserExit::Notify { addr, arg } => self.write_exit(uapi::LGUEST_EXIT_NOTIFY, addr, arg, 0, b""),
+            UserExit::Notify { addr, arg } => {
+                self.write_exit(uapi::LGUEST_EXIT_NOTIFY, addr, arg, 0, b"")
+            }
             UserExit::Shutdown { reason, message } => {
                 self.write_exit(uapi::LGUEST_EXIT_SHUTDOWN, 0, 0, reason, &message)
             }

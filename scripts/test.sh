@@ -7,13 +7,12 @@
 #   T=PROG[:TEST],...   run only these (e.g. T=lguest_dev_test:api_version)
 #   CPUS="max,la57=off max"   the CPU models (4-level and 5-level paging)
 #   FLAVOUR=debug       use the debug host kernel (KASAN, lockdep, kmemleak)
-#   WATCHDOG=SECONDS    limit for one whole boot (default 1200)
+#   WATCHDOG=SECONDS    limit for one whole boot (default 1200, debug 3600)
 # Every console log is kept in $CACHE/logs/.
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
 CPUS=${CPUS:-"max,la57=off max"}
-WATCHDOG=${WATCHDOG:-1200}
-[ "$FLAVOUR" = debug ] && WATCHDOG=${WATCHDOG_DEBUG:-3600}
+if [ "$FLAVOUR" = debug ]; then WATCHDOG=${WATCHDOG:-3600}; else WATCHDOG=${WATCHDOG:-1200}; fi
 
 start=$(date +%s)
 OUT=$(bash "$REPO/scripts/build.sh")

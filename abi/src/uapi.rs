@@ -41,9 +41,12 @@ pub const IOC_READ: u32 = 2;
 
 /// Builds an ioctl number the way `<asm-generic/ioctl.h>`'s `_IOC` does.
 pub const fn ioc(dir: u32, ty: u32, nr: u32, size: usize) -> u32 {
-    // CAST: every ABI struct is far smaller than the 14-bit size field;
-    // `abi_sizes_fit_ioctl` in the tests checks it.
-    (dir << IOC_DIRSHIFT) | (ty << IOC_TYPESHIFT) | (nr << IOC_NRSHIFT) | ((size as u32) << IOC_SIZESHIFT)
+    // CAST: every ABI struct is far smaller than the 14-bit size field
+    // (the layout assertions at the end of this file bound them to a page).
+    (dir << IOC_DIRSHIFT)
+        | (ty << IOC_TYPESHIFT)
+        | (nr << IOC_NRSHIFT)
+        | ((size as u32) << IOC_SIZESHIFT)
 }
 
 /// `LGUEST_GET_API_VERSION`: returns [`LGUEST_API_VERSION`]. No argument.
@@ -51,7 +54,12 @@ pub const LGUEST_GET_API_VERSION: u32 = ioc(IOC_NONE, LGUEST_IOC_MAGIC, 0x40, 0)
 
 /// `LGUEST_CREATE_VM`: give the file its guest (argument: [`LguestVmConfig`]).
 /// One VM per open file; a second call gets `EEXIST`.
-pub const LGUEST_CREATE_VM: u32 = ioc(IOC_WRITE, LGUEST_IOC_MAGIC, 0x41, core::mem::size_of::<LguestVmConfig>());
+pub const LGUEST_CREATE_VM: u32 = ioc(
+    IOC_WRITE,
+    LGUEST_IOC_MAGIC,
+    0x41,
+    core::mem::size_of::<LguestVmConfig>(),
+);
 /// `LGUEST_CREATE_VCPU`: create the next vCPU; returns its index, which is
 /// also its run page's mmap offset in pages. No argument.
 pub const LGUEST_CREATE_VCPU: u32 = ioc(IOC_NONE, LGUEST_IOC_MAGIC, 0x42, 0);
@@ -59,9 +67,19 @@ pub const LGUEST_CREATE_VCPU: u32 = ioc(IOC_NONE, LGUEST_IOC_MAGIC, 0x42, 0);
 /// its [`LguestRun`] page. `EINTR` on a signal or `immediate_exit`.
 pub const LGUEST_RUN: u32 = ioc(IOC_NONE, LGUEST_IOC_MAGIC, 0x43, 0);
 /// `LGUEST_GET_REGS`: read a vCPU's registers ([`LguestVcpuRegs`], in/out).
-pub const LGUEST_GET_REGS: u32 = ioc(IOC_READ | IOC_WRITE, LGUEST_IOC_MAGIC, 0x44, core::mem::size_of::<LguestVcpuRegs>());
+pub const LGUEST_GET_REGS: u32 = ioc(
+    IOC_READ | IOC_WRITE,
+    LGUEST_IOC_MAGIC,
+    0x44,
+    core::mem::size_of::<LguestVcpuRegs>(),
+);
 /// `LGUEST_SET_REGS`: write a vCPU's registers ([`LguestVcpuRegs`]).
-pub const LGUEST_SET_REGS: u32 = ioc(IOC_WRITE, LGUEST_IOC_MAGIC, 0x45, core::mem::size_of::<LguestVcpuRegs>());
+pub const LGUEST_SET_REGS: u32 = ioc(
+    IOC_WRITE,
+    LGUEST_IOC_MAGIC,
+    0x45,
+    core::mem::size_of::<LguestVcpuRegs>(),
+);
 
 /// `LGUEST_IRQ`: raise guest interrupt `arg` (0..[`LGUEST_IRQS`]) from any
 /// thread; a halted vCPU wakes, a running one is kicked out of the guest.
@@ -70,10 +88,15 @@ pub const LGUEST_IRQ: u32 = ioc(IOC_NONE, LGUEST_IOC_MAGIC, 0x46, 0);
 /// `LGUEST_IRQFD`: bind an eventfd to a guest interrupt, or unbind it
 /// (argument: [`LguestIrqfd`]). Each signal of the eventfd then raises the
 /// interrupt, as `LGUEST_IRQ` does, without the launcher's help.
-pub const LGUEST_IRQFD: u32 = ioc(IOC_WRITE, LGUEST_IOC_MAGIC, 0x47, core::mem::size_of::<LguestIrqfd>());
+pub const LGUEST_IRQFD: u32 = ioc(
+    IOC_WRITE,
+    LGUEST_IOC_MAGIC,
+    0x47,
+    core::mem::size_of::<LguestIrqfd>(),
+);
 /// [`LguestIrqfd::flags`]: remove the binding of `fd` to `irq`.
 pub const LGUEST_IRQFD_DEASSIGN: u32 = 1;
-/// The most eventfds bound per VM.
+/// The most eventfds bound per open file (that is, per VM).
 pub const LGUEST_MAX_IRQFDS: usize = 16;
 
 /// The argument of [`LGUEST_IRQFD`].
@@ -102,8 +125,9 @@ pub const LGUEST_MAX_VCPUS: u32 = 1;
 ///
 /// Guest-physical address `P` is launcher address `mem_base + P` for RAM,
 /// `[0, mem_size)`, and for the device window above it,
-/// `[mem_size, mem_size + device_pages * 4096)`. Both must be mapped in the
-/// launcher (anonymous, private or shared, writable) when the VM is created.
+/// `[mem_size, mem_size + device_pages * 4096)`. RAM must be mapped and
+/// writable in the launcher when the VM is created (it is pinned); the
+/// device window is only range-checked for now (devices come later).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LguestVmConfig {
@@ -186,7 +210,9 @@ pub const LGUEST_EXIT_SHUTDOWN: u32 = 2;
 /// The host killed the guest for breaking the rules; see `message`. The VM
 /// cannot run again: a later RUN returns the same exit.
 pub const LGUEST_EXIT_KILLED: u32 = 3;
-/// The guest halted with nothing to wake it (no timer, no interrupt source).
+/// The guest halted (`LHCALL_HALT`) with every interrupt blocked in
+/// `blocked_interrupts`: nothing can ever wake it. (A halt with an
+/// interrupt open sleeps in the host until one arrives.)
 pub const LGUEST_EXIT_HALT: u32 = 4;
 
 /// `LHCALL_SHUTDOWN` argument 2: power off.
@@ -276,6 +302,10 @@ pub const LHCALL_NEW_PGTABLE: u64 = 4;
 /// Hypercall: flush the TLB (argument: all roots or only the current one).
 pub const LHCALL_FLUSH_TLB: u64 = 5;
 /// Hypercall: set one entry of the guest's interrupt descriptor table.
+/// Argument 1: the vector (0-255; not 2, 8, 18 or 0x1F); argument 2: the
+/// handler's guest-virtual address (0 removes the entry); argument 3: the
+/// gate type, 0xE (interrupt gate: delivery turns virtual interrupts off)
+/// or 0xF (trap gate).
 pub const LHCALL_LOAD_IDT_ENTRY: u64 = 6;
 /// Hypercall: set the stack used when the guest kernel is entered.
 pub const LHCALL_SET_STACK: u64 = 7;

@@ -74,7 +74,10 @@ fn layout_exprs() -> Vec<(String, String)> {
     for (c, fields) in STRUCTS {
         v.push((format!("sizeof {c}"), format!("sizeof(struct {c})")));
         for f in *fields {
-            v.push((format!("offsetof {c}.{f}"), format!("__builtin_offsetof(struct {c}, {f})")));
+            v.push((
+                format!("offsetof {c}.{f}"),
+                format!("__builtin_offsetof(struct {c}, {f})"),
+            ));
         }
     }
     v
@@ -91,25 +94,120 @@ fn rust_layout() -> BTreeMap<String, u64> {
         }};
     }
     let mut all = Vec::new();
-    all.extend(layout!("lguest_vm_config", abi::LguestVmConfig, [mem_base, mem_size, device_pages, entry, flags, reserved0, reserved]));
-    all.extend(layout!("lguest_regs", abi::LguestRegs, [rax, r15, rip, rsp, rflags]));
-    all.extend(layout!("lguest_vcpu_regs", abi::LguestVcpuRegs, [vcpu, pad, regs]));
-    all.extend(layout!("lguest_run", abi::LguestRun, [immediate_exit, exit_reason, notify_addr, notify_arg, shutdown_reason, stat_exits, stat_hypercalls, reserved, message]));
-    all.extend(layout!("lguest_irqfd", abi::LguestIrqfd, [fd, irq, flags, pad]));
+    all.extend(layout!(
+        "lguest_vm_config",
+        abi::LguestVmConfig,
+        [
+            mem_base,
+            mem_size,
+            device_pages,
+            entry,
+            flags,
+            reserved0,
+            reserved
+        ]
+    ));
+    all.extend(layout!(
+        "lguest_regs",
+        abi::LguestRegs,
+        [rax, r15, rip, rsp, rflags]
+    ));
+    all.extend(layout!(
+        "lguest_vcpu_regs",
+        abi::LguestVcpuRegs,
+        [vcpu, pad, regs]
+    ));
+    all.extend(layout!(
+        "lguest_run",
+        abi::LguestRun,
+        [
+            immediate_exit,
+            exit_reason,
+            notify_addr,
+            notify_arg,
+            shutdown_reason,
+            stat_exits,
+            stat_hypercalls,
+            reserved,
+            message
+        ]
+    ));
+    all.extend(layout!(
+        "lguest_irqfd",
+        abi::LguestIrqfd,
+        [fd, irq, flags, pad]
+    ));
     all.extend(layout!("hcall_args", abi::HcallArgs, [arg0, arg4]));
-    all.extend(layout!("lguest_data", abi::LguestData, [irq_enabled, blocked_interrupts, cr2, time, irq_pending, hcall_status, hcalls, reserve_mem, tsc_khz, noirq_iret, kernel_address, syscall_vec]));
+    all.extend(layout!(
+        "lguest_data",
+        abi::LguestData,
+        [
+            irq_enabled,
+            blocked_interrupts,
+            cr2,
+            time,
+            irq_pending,
+            hcall_status,
+            hcalls,
+            reserve_mem,
+            tsc_khz,
+            noirq_iret,
+            kernel_address,
+            syscall_vec
+        ]
+    ));
     all.into_iter().collect()
 }
 
 /// The structs checked, with the fields whose offsets are compared.
 const STRUCTS: &[(&str, &[&str])] = &[
-    ("lguest_vm_config", &["mem_base", "mem_size", "device_pages", "entry", "flags", "reserved0", "reserved"]),
+    (
+        "lguest_vm_config",
+        &[
+            "mem_base",
+            "mem_size",
+            "device_pages",
+            "entry",
+            "flags",
+            "reserved0",
+            "reserved",
+        ],
+    ),
     ("lguest_regs", &["rax", "r15", "rip", "rsp", "rflags"]),
     ("lguest_vcpu_regs", &["vcpu", "pad", "regs"]),
-    ("lguest_run", &["immediate_exit", "exit_reason", "notify_addr", "notify_arg", "shutdown_reason", "stat_exits", "stat_hypercalls", "reserved", "message"]),
+    (
+        "lguest_run",
+        &[
+            "immediate_exit",
+            "exit_reason",
+            "notify_addr",
+            "notify_arg",
+            "shutdown_reason",
+            "stat_exits",
+            "stat_hypercalls",
+            "reserved",
+            "message",
+        ],
+    ),
     ("lguest_irqfd", &["fd", "irq", "flags", "pad"]),
     ("hcall_args", &["arg0", "arg4"]),
-    ("lguest_data", &["irq_enabled", "blocked_interrupts", "cr2", "time", "irq_pending", "hcall_status", "hcalls", "reserve_mem", "tsc_khz", "noirq_iret", "kernel_address", "syscall_vec"]),
+    (
+        "lguest_data",
+        &[
+            "irq_enabled",
+            "blocked_interrupts",
+            "cr2",
+            "time",
+            "irq_pending",
+            "hcall_status",
+            "hcalls",
+            "reserve_mem",
+            "tsc_khz",
+            "noirq_iret",
+            "kernel_address",
+            "syscall_vec",
+        ],
+    ),
 ];
 
 #[test]
@@ -128,7 +226,8 @@ fn c_header_matches_rust() {
     let out_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let src = out_dir.join("lguest_h_check.c");
     let exe = out_dir.join("lguest_h_check");
-    let mut prog = String::from("#include <stdio.h>\n#include <linux/lguest.h>\nint main(void) {\n");
+    let mut prog =
+        String::from("#include <stdio.h>\n#include <linux/lguest.h>\nint main(void) {\n");
     for n in &names {
         prog += &format!("\tprintf(\"{n} %llu\\n\", (unsigned long long)({n}));\n");
     }
@@ -157,7 +256,10 @@ fn c_header_matches_rust() {
         })
         .collect();
 
-    let mut rust = rust_side().into_iter().map(|(k, v)| (k.to_string(), v)).collect::<BTreeMap<String, u64>>();
+    let mut rust = rust_side()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect::<BTreeMap<String, u64>>();
     rust.extend(rust_layout());
     for (name, value) in &c_side {
         match rust.get(name) {
@@ -166,7 +268,10 @@ fn c_header_matches_rust() {
         }
     }
     for name in rust.keys() {
-        assert!(c_side.contains_key(name), "{name} is in Rust but not in the C header");
+        assert!(
+            c_side.contains_key(name),
+            "{name} is in Rust but not in the C header"
+        );
     }
 }
 
@@ -174,5 +279,8 @@ fn c_header_matches_rust() {
 fn ioctl_numbers_are_distinct_and_in_range() {
     let nr = abi::LGUEST_GET_API_VERSION & 0xff;
     assert!((0x40..0x80).contains(&nr));
-    assert_eq!((abi::LGUEST_GET_API_VERSION >> 8) & 0xff, abi::LGUEST_IOC_MAGIC);
+    assert_eq!(
+        (abi::LGUEST_GET_API_VERSION >> 8) & 0xff,
+        abi::LGUEST_IOC_MAGIC
+    );
 }

@@ -97,7 +97,8 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
                 }
             });
         }
-        let r = run_loop(&DevVcpu { lg: &lg, index: vcpu, page: &page }, &mem, &mut stdout.lock(), &signals::interrupted);
+        let r =
+            run_loop(&DevVcpu { lg: &lg, index: vcpu, page: &page }, &mem, &mut stdout.lock(), &signals::interrupted);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         r
     });

@@ -44,11 +44,15 @@ fn hypercall_cycles(n: u64) -> Option<f64> {
 /// from `guest-ops latency [noirqcheck]`.
 fn latency(noirqcheck: bool) -> Option<u64> {
     let guests = std::env::var("LGUEST_GUESTS").unwrap_or_else(|_| "/usr/share/lguest/guests".into());
-    let mut args = vec!["run".to_string(), "--memory".into(), "16M".into(), format!("{guests}/guest-ops"), "latency".into()];
+    let mut args =
+        vec!["run".to_string(), "--memory".into(), "16M".into(), format!("{guests}/guest-ops"), "latency".into()];
     if noirqcheck {
         args.push("noirqcheck".into());
     }
-    let out = Command::new(std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into())).args(&args).output().ok()?;
+    let out = Command::new(std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into()))
+        .args(&args)
+        .output()
+        .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text.lines().find(|l| l.contains("median"))?;
     let mut words = line.split_whitespace();

@@ -43,7 +43,13 @@ fn open_unprivileged() -> TestResult {
                 libc::_exit(3);
             }
             let fd = libc::open(c"/dev/lguest".as_ptr(), libc::O_RDWR);
-            let code = if fd >= 0 { 0 } else if *libc::__errno_location() == libc::EACCES { 1 } else { 2 };
+            let code = if fd >= 0 {
+                0
+            } else if *libc::__errno_location() == libc::EACCES {
+                1
+            } else {
+                2
+            };
             libc::_exit(code);
         }
     }
@@ -116,7 +122,11 @@ fn unload_while_open() -> TestResult {
         fail!("delete_module succeeded while /dev/lguest was open");
     }
     check_eq!(r, Err(libc::EWOULDBLOCK), "delete_module with an open file");
-    check_eq!(t::ioctl(&f, abi::LGUEST_GET_API_VERSION, 0), Ok(abi::LGUEST_API_VERSION as i32), "api version after refused unload");
+    check_eq!(
+        t::ioctl(&f, abi::LGUEST_GET_API_VERSION, 0),
+        Ok(abi::LGUEST_API_VERSION as i32),
+        "api version after refused unload"
+    );
     drop(f);
     if let Err(e) = t::unload_module("lguest") {
         fail!("delete_module after close: {}", t::errname(e));

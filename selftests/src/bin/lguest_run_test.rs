@@ -177,7 +177,11 @@ fn switcher_unreachable() -> TestResult {
     }
     let host = "ffffffff81000000";
     let o = run("guest-ops", &["readswitcher", host])?;
-    check!(o.code == 2 && o.stderr.contains("page fault at 0xffffffff81000000 (error 0x4)"), "host text: {}", describe(&o));
+    check!(
+        o.code == 2 && o.stderr.contains("page fault at 0xffffffff81000000 (error 0x4)"),
+        "host text: {}",
+        describe(&o)
+    );
     Ok(())
 }
 
