@@ -101,11 +101,13 @@ impl LguestFile {
     fn create_vcpu(&self) -> Result<isize> {
         let mut guard = self.vm.lock();
         let vm = Option::as_mut(&mut *guard).ok_or(ENOENT)?;
-        let (index, page) = vm.create_vcpu(self.irq.clone())?;
+        // Room for the run page first, so that a vCPU never exists without
+        // one the launcher can map.
         let mut runs = self.runs.lock();
-        if let Some(runs) = Option::as_mut(&mut *runs) {
-            runs.push(page, GFP_KERNEL)?;
-        }
+        let runs = Option::as_mut(&mut *runs).ok_or(ENOENT)?;
+        runs.reserve(1, GFP_KERNEL)?;
+        let (index, page) = vm.create_vcpu(self.irq.clone())?;
+        runs.push(page, GFP_KERNEL)?;
         Ok(index as isize)
     }
 

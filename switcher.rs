@@ -4,7 +4,7 @@
 //!
 //! One [`Switcher`] exists while the module is loaded (created in module
 //! init, freed at exit when no file is open). Each possible CPU has a block
-//! of four pages (layout in `switcher_64.S`); a block is only touched by its
+//! of eight pages (layout in `switcher_64.S`); a block is only touched by its
 //! own CPU with interrupts off, so it needs no lock. The switcher's code is
 //! the page-aligned `.text.lguest_switcher` section of this module.
 
@@ -131,7 +131,7 @@ impl GuestCpu {
     }
 }
 
-/// One CPU's block: four physically contiguous pages.
+/// One CPU's block: eight physically contiguous pages.
 struct CpuBlock {
     page: *mut bindings::page,
     va: *mut u8,
@@ -147,7 +147,7 @@ impl CpuBlock {
         if page.is_null() {
             return Err(ENOMEM);
         }
-        // SAFETY: `page` heads a valid allocation of 4 pages.
+        // SAFETY: `page` heads a valid allocation of `BLOCK_PAGES` pages.
         let (va, phys) = unsafe { (helpers::page_address(page), helpers::page_to_phys(page)) };
         let b = CpuBlock { page, va, phys };
         b.init(cpu);
@@ -157,7 +157,7 @@ impl CpuBlock {
     fn put_u64(&self, off: usize, v: u64) {
         debug_assert!(off + 8 <= (BLOCK_PAGES * PAGE_SIZE) as usize);
         // SAFETY: `off` is inside the block we own (all offsets used are
-        // constants below 16 KiB); unaligned is fine on x86.
+        // constants below 32 KiB); unaligned is fine on x86.
         unsafe { self.va.add(off).cast::<u64>().write_unaligned(v) }
     }
 

@@ -15,7 +15,9 @@
  *           per-CPU segment) and the guest TSS.
  *   page 3  our two IST stacks: NMI (IST6), #MC and #DF (IST7).
  *   pages 4-7  the stack for IST1-5, which only host handlers use: an NMI
- *           in the two instructions where the host's IDT meets our TSS.
+ *           or #MC in the few instructions where the host's IDT is loaded
+ *           while our TSS is current (between ltr and lidt on entry, lidt
+ *           and ltr on exit).
  *
  * The code lives in its own page-aligned section so that it can be mapped,
  * alone, into every guest's shadow page tables at the address it has in the
@@ -328,7 +330,7 @@ SYM_CODE_START_LOCAL(lguest_restore_host)
 SYM_CODE_END(lguest_restore_host)
 
 /*
- * NMI (IST1) and #MC (IST2) arrive on their own stacks. From the guest, the
+ * NMI (IST6) and #MC (IST7) arrive on their own stacks. From the guest, the
  * hardware frame is copied to where a normal trap would have put it and we
  * leave like any other exit. From ring 0 (inside the switcher), the event is
  * recorded in the block for the host to handle once home, and if it hit the

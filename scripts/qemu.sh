@@ -14,11 +14,11 @@ CPU=${2:-max}
 TESTS=${3:-}
 OUT="$CACHE/out/$FLAVOUR"
 [ -f "$OUT/bzImage" ] || { echo "run scripts/build.sh first" >&2; exit 1; }
-# Known issue (Documentation/dev/testing.rst): with high-resolution timers
-# (one-shot LAPIC timer), a host timer interrupt taken while a guest runs is
-# occasionally lost under QEMU TCG, and that CPU then gets no timer
-# interrupts until something else reprograms it. Until that is understood,
-# the host runs its timers from the periodic tick. HOST_KARGS= overrides.
+# Known issue (Documentation/dev/testing.rst): with high-resolution timers,
+# while a guest runs on a CPU that CPU's local timer interrupts nearly stop
+# under QEMU TCG (its clock-event device is left unprogrammed while timers
+# are overdue). Until that is understood, the host runs its timers in
+# low-resolution mode. HOST_KARGS= overrides.
 HOST_KARGS=${HOST_KARGS-highres=off}
 MEM=${QEMU_MEM:-2G}
 [ "$FLAVOUR" = debug ] && MEM=${QEMU_MEM:-4G}
