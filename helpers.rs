@@ -249,12 +249,14 @@ pub(crate) unsafe fn switch_to_guest(block: *mut u8) {
 }
 
 /// Runs the host interrupt handler at `handler` as if the interrupt had just
-/// arrived.
+/// arrived in a context with interrupts on. It returns with interrupts on
+/// (and may have scheduled).
 ///
 /// # Safety
 ///
 /// Interrupts must be off and `handler` must be the host IDT's handler for
-/// an interrupt that this CPU received and has not yet handled.
+/// an interrupt that this CPU received and has not yet handled; the caller
+/// must not rely on interrupts staying off or on the CPU afterwards.
 pub(crate) unsafe fn deliver_to_host(handler: usize) {
     // SAFETY: The caller guarantees the preconditions.
     unsafe { ffi::lguest_deliver_to_host(handler) }

@@ -479,6 +479,8 @@ impl Switcher {
             };
         }
         if vector >= 32 && vector != crate::uapi::LGUEST_TRAP_ENTRY as u64 {
+            // Last: the handler returns with interrupts on (see
+            // switcher_64.S), so nothing of this CPU's block is used after.
             self.deliver_to_host(b, vector);
             return Ok(Exit::HostEvent);
         }
@@ -507,7 +509,9 @@ impl Switcher {
             return; // Not present: nothing the host expects to run.
         }
         // SAFETY: Interrupts are still off and the interrupt arrived on this
-        // CPU while the guest ran; the handler is the host's own gate.
+        // CPU while the guest ran; the handler is the host's own gate. Our
+        // caller returns right after, so interrupts coming back on (and a
+        // possible preemption) in the handler's return path are fine.
         unsafe { helpers::deliver_to_host((lo | (mid << 16) | (hi << 32)) as usize) };
     }
 }

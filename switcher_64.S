@@ -430,9 +430,16 @@ SYM_INNER_LABEL(lguest_switcher_end, SYM_L_GLOBAL)
  * void lguest_deliver_to_host(unsigned long handler)
  *
  * Runs the host's handler for an interrupt that arrived while the guest ran,
- * with the frame the CPU would have built had it arrived here, interrupts
- * still off. The handler's iretq brings us back. (Like the kernel's
- * IDT_DO_EVENT_IRQOFF for KVM, which a module cannot call.)
+ * with the frame the CPU would have built had it arrived here (like the
+ * kernel's IDT_DO_EVENT_IRQOFF for KVM, which a module cannot call). The
+ * handler's iretq brings us back.
+ *
+ * The frame says interrupts were on, as they were in the guest: the
+ * interrupt exit path only does its deferred work for such a context, and
+ * since Linux 7.x that includes re-arming the hrtimer interrupt
+ * (CONFIG_HRTIMER_REARM_DEFERRED). With interrupts off in the frame, the
+ * timer of this CPU stayed unprogrammed after each tick taken in a guest.
+ * So the handler returns with interrupts on; the caller expects that.
  */
 	.pushsection .text, "ax"
 SYM_FUNC_START(lguest_deliver_to_host)
@@ -442,6 +449,7 @@ SYM_FUNC_START(lguest_deliver_to_host)
 	push	$__KERNEL_DS
 	push	%rbp
 	pushf
+	orq	$X86_EFLAGS_IF, (%rsp)
 	push	$__KERNEL_CS
 	CALL_NOSPEC rdi
 	leave

@@ -14,12 +14,8 @@ CPU=${2:-max}
 TESTS=${3:-}
 OUT="$CACHE/out/$FLAVOUR"
 [ -f "$OUT/bzImage" ] || { echo "run scripts/build.sh first" >&2; exit 1; }
-# Known issue (Documentation/dev/testing.rst): with high-resolution timers,
-# while a guest runs on a CPU that CPU's local timer interrupts nearly stop
-# under QEMU TCG (its clock-event device is left unprogrammed while timers
-# are overdue). Until that is understood, the host runs its timers in
-# low-resolution mode. HOST_KARGS= overrides.
-HOST_KARGS=${HOST_KARGS-highres=off}
+# HOST_KARGS: extra host kernel parameters (e.g. highres=off).
+HOST_KARGS=${HOST_KARGS-}
 MEM=${QEMU_MEM:-2G}
 [ "$FLAVOUR" = debug ] && MEM=${QEMU_MEM:-4G}
 args=(-accel "${ACCEL:-tcg}" -cpu "$CPU" -m "$MEM" -smp 2 -nographic -no-reboot

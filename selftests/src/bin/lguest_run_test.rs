@@ -504,6 +504,39 @@ fn stop_and_continue() -> TestResult {
     check_busy_done(&o)
 }
 
+/// The local timer interrupts of `cpu` so far (/proc/interrupts "LOC").
+fn local_timer_count(cpu: usize) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/interrupts").ok()?;
+    let line = text.lines().find(|l| l.trim_start().starts_with("LOC:"))?;
+    line.split_whitespace().nth(1 + cpu)?.parse().ok()
+}
+
+/// The host keeps its timer ticks on a CPU that runs a guest: every tick
+/// taken in the guest is handed to the host, and the host re-arms its timer
+/// (Linux 7.x defers that re-arm to the interrupt's return path, which the
+/// switcher must take as for an interrupted context with interrupts on).
+/// Regression test: the tick used to stop on that CPU.
+fn host_ticks_while_guest_runs() -> TestResult {
+    if local_timer_count(1).is_none() {
+        skip!("needs two CPUs");
+    }
+    let child = spawn("guest-ops", &["spin"])?;
+    let pid = child.id() as i32;
+    check!(pin(pid, 1), "cannot pin the launcher to CPU 1");
+    std::thread::sleep(Duration::from_millis(300));
+    let before = local_timer_count(1).unwrap_or(0);
+    std::thread::sleep(Duration::from_millis(1000));
+    let after = local_timer_count(1).unwrap_or(0);
+    // SAFETY: Signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let o = wait(child, Duration::from_secs(5))?;
+    check_eq!(o.code, 130, format!("spinner exit ({})", describe(&o)));
+    println!("# CPU 1 took {} timer interrupts in 1 s while the guest spun (HZ=1000)", after - before);
+    // TCG time is loose; a stopped tick gave under 20.
+    check!(after - before >= 300, "only {} host timer interrupts on the guest's CPU in 1 s", after - before);
+    Ok(())
+}
+
 /// A file that is not a guest image gets a clear launcher error, status 1.
 fn bad_image() -> TestResult {
     let o = wait(
@@ -531,6 +564,7 @@ fn main() -> ExitCode {
         ("hypercall_loop", hypercall_loop),
         ("two_guests", two_guests),
         ("nmi_not_lost", nmi_not_lost),
+        ("host_ticks_while_guest_runs", host_ticks_while_guest_runs),
         ("cgroup_freeze", cgroup_freeze),
         ("traps_reflected", traps_reflected),
         ("irq_pending_delivered_at_enable", irq_pending_delivered_at_enable),
