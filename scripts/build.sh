@@ -13,7 +13,7 @@ fail() { printf '[build] ERROR: %s\n' "$*" >&2; exit 1; }
 
 bash "$REPO/scripts/setup.sh" >&2
 KOBJ=$(bash "$REPO/scripts/kernel.sh")
-OUT="$CACHE/out/$FLAVOUR"
+OUT="${LGUEST_OUT:-$CACHE/out/$FLAVOUR}"
 MOD="$OUT/module"
 mkdir -p "$MOD"
 

@@ -5,6 +5,8 @@ CACHE=${LGUEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lguest}
 KSERIES=${KSERIES:-7.3}
 KSRC=${KSRC:-$CACHE/src/linux-source-$KSERIES}
 FLAVOUR=${FLAVOUR:-normal}
+# LGUEST_OUT: where build.sh puts the module, initramfs and guests (default
+# $CACHE/out/$FLAVOUR); separate ones let several runs go at once.
 export PATH="$HOME/.cargo/bin:$PATH"
 # The kernel side is built with Debian's rustc-web and its matching library
 # source (a matched pair, see Documentation/dev/environment.rst).

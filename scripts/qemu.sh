@@ -12,7 +12,7 @@ set -euo pipefail
 MODE=${1:-shell}
 CPU=${2:-max}
 TESTS=${3:-}
-OUT="$CACHE/out/$FLAVOUR"
+OUT="${LGUEST_OUT:-$CACHE/out/$FLAVOUR}"
 [ -f "$OUT/bzImage" ] || { echo "run scripts/build.sh first" >&2; exit 1; }
 # HOST_KARGS: extra host kernel parameters (e.g. highres=off).
 HOST_KARGS=${HOST_KARGS-}
