@@ -537,6 +537,26 @@ fn host_ticks_while_guest_runs() -> TestResult {
     Ok(())
 }
 
+/// Sixteen guests at once on the 2-CPU host: each runs to completion with
+/// the right result, and everything is torn down cleanly.
+fn sixteen_guests() -> TestResult {
+    let mut children = Vec::new();
+    for _ in 0..16 {
+        children.push(spawn("guest-ops", &["hcalls", "5000"])?);
+    }
+    let mut failures = Vec::new();
+    for (i, c) in children.into_iter().enumerate() {
+        let o = wait(c, Duration::from_secs(240))?;
+        if o.code != 0 || !o.stdout.contains("made 5000 hypercalls") {
+            failures.push(format!("guest {i}: {}", describe(&o)));
+        }
+    }
+    if !failures.is_empty() {
+        fail!("{}", failures.join("\n"));
+    }
+    Ok(())
+}
+
 /// A file that is not a guest image gets a clear launcher error, status 1.
 fn bad_image() -> TestResult {
     let o = wait(
@@ -563,6 +583,7 @@ fn main() -> ExitCode {
         ("signal_stops_spinner", signal_stops_spinner),
         ("hypercall_loop", hypercall_loop),
         ("two_guests", two_guests),
+        ("sixteen_guests", sixteen_guests),
         ("nmi_not_lost", nmi_not_lost),
         ("host_ticks_while_guest_runs", host_ticks_while_guest_runs),
         ("cgroup_freeze", cgroup_freeze),
