@@ -21,6 +21,7 @@ mod ffi {
         pub(super) fn lg_current_mm_grab() -> *mut core::ffi::c_void;
         pub(super) fn lg_current_mm_is(mm: *mut core::ffi::c_void) -> bool;
         pub(super) fn lg_mm_drop(mm: *mut core::ffi::c_void);
+        pub(super) fn lg_account_locked_vm(mm: *mut core::ffi::c_void, pages: usize, inc: bool) -> i32;
         pub(super) fn lg_set_current_interruptible();
         pub(super) fn lg_set_current_running();
         pub(super) fn lg_schedule();
@@ -130,6 +131,17 @@ impl MmRef {
         let p = unsafe { ffi::lg_current_mm_grab() };
         // INVARIANT: non-null, and we hold the reference taken above.
         (!p.is_null()).then_some(MmRef(p))
+    }
+
+    /// Charges `pages` pinned pages to this address space's locked memory
+    /// (RLIMIT_MEMLOCK, unless the caller has CAP_IPC_LOCK), or refunds them.
+    pub(crate) fn account_locked(&self, pages: usize, inc: bool) -> kernel::error::Result {
+        // SAFETY: By the type invariant the mm_struct is alive.
+        let ret = unsafe { ffi::lg_account_locked_vm(self.0, pages, inc) };
+        if ret < 0 {
+            return Err(kernel::error::Error::from_errno(ret));
+        }
+        Ok(())
     }
 
     /// Whether the current task runs in this address space.

@@ -221,3 +221,9 @@ void lg_mm_drop(struct mm_struct *mm)
 {
 	mmdrop(mm);
 }
+
+/* Charges (or refunds) pinned guest pages to the owner's RLIMIT_MEMLOCK. */
+int lg_account_locked_vm(struct mm_struct *mm, unsigned long pages, bool inc)
+{
+	return account_locked_vm(mm, pages, inc);
+}

@@ -15,6 +15,7 @@ struct mm_struct;
 struct mm_struct *lg_current_mm_grab(void);
 bool lg_current_mm_is(struct mm_struct *mm);
 void lg_mm_drop(struct mm_struct *mm);
+int lg_account_locked_vm(struct mm_struct *mm, unsigned long pages, bool inc);
 
 unsigned long lg_irq_save(void);
 void lg_irq_restore(unsigned long flags);

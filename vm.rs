@@ -138,7 +138,16 @@ impl Vm {
         }
 
         let owner = helpers::MmRef::current().ok_or(EINVAL)?;
-        let mem = GuestMemory::pin(cfg.mem_base, cfg.mem_size)?;
+        // Pinned guest RAM counts as the launcher's locked memory.
+        let npages = (cfg.mem_size / PAGE_SIZE) as usize;
+        owner.account_locked(npages, true)?;
+        let mem = match GuestMemory::pin(cfg.mem_base, cfg.mem_size) {
+            Ok(mem) => mem,
+            Err(e) => {
+                let _ = owner.account_locked(npages, false);
+                return Err(e);
+            }
+        };
         let mut shadow = ShadowTable::new(sw.levels())?;
         // The initial linear map: guest-virtual = guest-physical for RAM
         // above the first megabyte (so that null pointers fault).
@@ -387,6 +396,14 @@ pub(crate) fn trap_name(vector: u64) -> &'static str {
         19 => "#XM SIMD error",
         21 => "#CP control protection",
         _ => "exception",
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        // Refund the locked-memory charge taken in `create` (the pins go
+        // when `mem` drops, right after this).
+        let _ = self.owner.account_locked((self.mem.size() / PAGE_SIZE) as usize, false);
     }
 }
 

@@ -297,6 +297,89 @@ fn run_from_other_process() -> TestResult {
     Ok(())
 }
 
+/// Drops CAP_IPC_LOCK from the calling process's effective set.
+fn drop_ipc_lock() -> bool {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const CAP_IPC_LOCK: u32 = 14;
+    let mut h = Header { version: 0x2008_0522, pid: 0 };
+    let mut d = [Data::default(); 2];
+    // SAFETY: capget/capset with a valid header and two data words, as the
+    // _LINUX_CAPABILITY_VERSION_3 ABI wants.
+    unsafe {
+        if libc::syscall(libc::SYS_capget, &mut h as *mut Header, d.as_mut_ptr()) != 0 {
+            return false;
+        }
+        d[0].effective &= !(1 << CAP_IPC_LOCK);
+        libc::syscall(libc::SYS_capset, &mut h as *mut Header, d.as_ptr()) == 0
+    }
+}
+
+/// Pinned guest RAM is charged to the launcher's RLIMIT_MEMLOCK (for a
+/// launcher without CAP_IPC_LOCK): a VM that does not fit gets ENOMEM, one
+/// that fits is created, and closing it gives the charge back.
+fn memlock_limit() -> TestResult {
+    // SAFETY: fork() in a test; the child only makes syscalls and _exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let code = (|| -> i32 {
+            if !drop_ipc_lock() {
+                return 10;
+            }
+            let lim = libc::rlimit { rlim_cur: 6 << 20, rlim_max: 6 << 20 };
+            // SAFETY: setting our own limit with a valid struct.
+            if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) } != 0 {
+                return 11;
+            }
+            let Ok(a) = t::open_dev() else { return 12 };
+            let Ok(big) = Mapping::anon(8 << 20) else { return 13 };
+            let mut cfg = config(&big, CODE);
+            if t::ioctl_ptr(&a, abi::LGUEST_CREATE_VM, &mut cfg) != Err(libc::ENOMEM) {
+                return 1; // 8 MiB over a 6 MiB limit was not refused
+            }
+            let Ok(small) = Mapping::anon(MEM) else { return 13 };
+            let mut cfg = config(&small, CODE);
+            if t::ioctl_ptr(&a, abi::LGUEST_CREATE_VM, &mut cfg) != Ok(0) {
+                return 2; // 4 MiB under the limit was refused
+            }
+            let Ok(b) = t::open_dev() else { return 12 };
+            let Ok(small2) = Mapping::anon(MEM) else { return 13 };
+            let mut cfg2 = config(&small2, CODE);
+            if t::ioctl_ptr(&b, abi::LGUEST_CREATE_VM, &mut cfg2) != Err(libc::ENOMEM) {
+                return 3; // a second 4 MiB VM (8 MiB in all) was not refused
+            }
+            drop(a);
+            if t::ioctl_ptr(&b, abi::LGUEST_CREATE_VM, &mut cfg2) != Ok(0) {
+                return 4; // closing the first VM did not give its charge back
+            }
+            0
+        })();
+        // SAFETY: ends the child without running destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    match libc::WEXITSTATUS(status) {
+        0 => Ok(()),
+        1 => fail!("a VM over RLIMIT_MEMLOCK was created"),
+        2 => fail!("a VM under RLIMIT_MEMLOCK was refused"),
+        3 => fail!("two VMs over RLIMIT_MEMLOCK together were allowed"),
+        4 => fail!("closing a VM did not refund its locked memory"),
+        c => fail!("the child could not set up the test (code {c})"),
+    }
+}
+
 /// The launcher unmapping guest memory under a live VM cannot hurt the
 /// host: the guest keeps its pinned pages, host accesses fail cleanly.
 fn munmap_under_guest() -> TestResult {
@@ -542,6 +625,7 @@ fn main() -> ExitCode {
         ("regs_roundtrip", regs_roundtrip),
         ("munmap_under_guest", munmap_under_guest),
         ("run_from_other_process", run_from_other_process),
+        ("memlock_limit", memlock_limit),
         ("create_destroy_1000", create_destroy_1000),
         ("halt_sleeps_irq_wakes", halt_sleeps_irq_wakes),
         ("irqfd_wakes_halted_guest", irqfd_wakes_halted_guest),
