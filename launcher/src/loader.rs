@@ -755,3 +755,102 @@ pub(crate) mod tests {
         assert_eq!(image.segments.len(), 3);
     }
 }
+
+/// Property tests: whatever the bytes of a guest image, the loader never
+/// panics, and what it accepts stays inside guest RAM below the command
+/// line page, without overlaps, with the entry in an executable segment;
+/// what it refuses leaves guest memory untouched.
+#[cfg(test)]
+mod props {
+    use goblin::elf::program_header::{PF_R, PF_W};
+    use proptest::prelude::*;
+
+    use super::tests::{guest_image, ElfImage, Ph};
+    use super::*;
+
+    const MEM: u64 = 4 << 20;
+
+    fn check(bytes: &[u8]) -> Result<(), TestCaseError> {
+        let mem = GuestMemory::new(MEM, 0).expect("guest memory");
+        match load("fuzz.elf", bytes, &mem) {
+            Ok(image) => {
+                let limit = MEM - 4096;
+                let mut ranges: Vec<(u64, u64)> = Vec::new();
+                for s in &image.segments {
+                    prop_assert!(s.filesz <= s.memsz);
+                    prop_assert!(s.paddr >= abi::LGUEST_LOAD_MIN);
+                    let end = s.paddr.checked_add(s.memsz).expect("no overflow");
+                    prop_assert!(end <= limit, "segment ends at {end:#x}");
+                    for &(a, b) in &ranges {
+                        prop_assert!(end <= a || s.paddr >= b, "overlap");
+                    }
+                    ranges.push((s.paddr, end));
+                }
+                prop_assert!(image
+                    .segments
+                    .iter()
+                    .any(|s| s.flags & PF_X != 0 && image.entry >= s.paddr && image.entry < s.paddr + s.memsz));
+            }
+            Err(_) => {
+                let mut buf = vec![0u8; MEM as usize];
+                mem.read(0, &mut buf).expect("read back");
+                prop_assert!(buf.iter().all(|&b| b == 0), "a refused image changed guest memory");
+            }
+        }
+        Ok(())
+    }
+
+    fn small_image() -> ElfImage {
+        let mut img = ElfImage::new(0x10_0010);
+        img.phdrs = vec![
+            Ph::load(PF_R | PF_X, 0x1000, 0x10_0000, 0x20, 0x20),
+            Ph::load(PF_R | PF_W, 0x2000, 0x20_0000, 0x10, 0x3000),
+        ];
+        img.payload = vec![(0x1000, vec![0x90; 0x20]), (0x2000, vec![1; 0x10])];
+        img
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Random bytes flipped anywhere in a valid image.
+        #[test]
+        fn flipped_bytes(flips in proptest::collection::vec((0usize..0x2100, any::<u8>()), 1..16)) {
+            let mut bytes = small_image().build();
+            for (at, v) in flips {
+                if at < bytes.len() {
+                    bytes[at] = v;
+                }
+            }
+            check(&bytes)?;
+        }
+
+        /// A valid image cut short anywhere.
+        #[test]
+        fn truncated(len in 0usize..0x2100) {
+            let bytes = guest_image().build();
+            check(&bytes[..len.min(bytes.len())])?;
+        }
+
+        /// Program headers with arbitrary fields.
+        #[test]
+        fn random_program_headers(
+            phs in proptest::collection::vec((any::<u32>(), any::<u32>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()), 0..6),
+            entry in any::<u64>(),
+        ) {
+            let mut img = small_image();
+            img.entry = entry;
+            img.phdrs = phs
+                .into_iter()
+                .map(|(ty, flags, offset, paddr, filesz, memsz)| Ph { ty: ty % 8, flags, offset: offset % 0x4000, paddr: paddr % (8 << 20), filesz: filesz % 0x4000, memsz: memsz % (8 << 20) })
+                .collect();
+            check(&img.build())?;
+        }
+
+        /// Arbitrary bytes.
+        #[test]
+        fn garbage(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            check(&bytes)?;
+        }
+    }
+}
