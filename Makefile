@@ -7,7 +7,9 @@
 #   make test     build everything and run the whole suite (T=, CPUS=, FLAVOUR=)
 #   make shell    boot the QEMU host with lguest.ko loaded and give a shell
 #   make gdb      the same, stopped at the first instruction, gdb stub on :1234
-#   make debug-test   the suite on the debug kernel (KASAN, lockdep, kmemleak)
+#   make debug-test   the whole suite, fuzzers included, on the debug kernel
+#                 (KASAN, lockdep, kmemleak)
+#   make fuzz     only the long runs: the guest and ioctl fuzzers
 #   make bench    the benchmarks (instruction counts and ratios)
 #   make setup / kernel / build   the individual steps
 #   make check    rustfmt (userspace and module) and clippy (userspace)
@@ -15,7 +17,7 @@
 SHELL := /bin/bash
 S := scripts
 
-.PHONY: all setup kernel build test run shell gdb debug-test bench check clean
+.PHONY: all setup kernel build test run shell gdb debug-test fuzz bench check clean
 
 all: build
 
@@ -32,7 +34,10 @@ test:
 	bash $(S)/test.sh
 
 debug-test:
-	FLAVOUR=debug bash $(S)/test.sh
+	FLAVOUR=debug LONG=1 CPUS=max bash $(S)/test.sh
+
+fuzz:
+	LONG=1 CPUS=max T=$$(awk '$$2 == "long" { printf "%s%s", s, $$1; s = "," }' selftests/tests.list) bash $(S)/test.sh
 
 bench:
 	bash $(S)/bench.sh

@@ -55,7 +55,7 @@ cp "$REPO/harness/demo.sh" "$ROOT/usr/share/lguest/demo.sh"
 cp "$MOD/lguest.ko" "$ROOT/lib/modules/lguest.ko"
 cp "$BIN/lguest" "$ROOT/usr/bin/lguest"
 cp "$REPO/selftests/run_tests.sh" "$REPO/selftests/settings" "$REPO/selftests/tests.list" "$ROOT/selftests/lguest/"
-while read -r prog; do
+while read -r prog _; do
 	[ -n "$prog" ] || continue
 	cp "$BIN/$prog" "$ROOT/selftests/lguest/$prog" || fail "test program $prog was not built"
 done <"$REPO/selftests/tests.list"

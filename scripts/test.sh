@@ -7,6 +7,7 @@
 #   T=PROG[:TEST],...   run only these (e.g. T=lguest_dev_test:api_version)
 #   CPUS="max,la57=off max"   the CPU models (4-level and 5-level paging)
 #   FLAVOUR=debug       use the debug host kernel (KASAN, lockdep, kmemleak)
+#   LONG=1              also run the long programs (the fuzzers)
 #   WATCHDOG=SECONDS    limit for one whole boot (default 1200, debug 3600)
 # Every console log is kept in $CACHE/logs/.
 set -euo pipefail
@@ -40,7 +41,7 @@ for cpu in $CPUS; do
 	log="$CACHE/logs/$stamp-$FLAVOUR-${cpu//[,=]/_}.log"
 	echo "[test] booting the QEMU host ($label, watchdog ${WATCHDOG}s); console log: $log"
 	set +e
-	KTAP_LOG="${log%.log}.ktap" timeout -s KILL "$WATCHDOG" bash "$REPO/scripts/qemu.sh" test "$cpu" "${T:-}" </dev/null 2>&1 \
+	KARGS="${KARGS:-}${LONG:+ lgtest.long=$LONG}" KTAP_LOG="${log%.log}.ktap" timeout -s KILL "$WATCHDOG" bash "$REPO/scripts/qemu.sh" test "$cpu" "${T:-}" </dev/null 2>&1 \
 		| tee "$log" | grep --line-buffered -E '^(TAP|1\.\.|ok|not ok|# (ok|not ok|selftests|.*: )|lguest-harness)' 
 	set -e
 	logs+=("$label::$log")

@@ -5,7 +5,8 @@
 # document whose subtests are the programs, each program's own KTAP output
 # prefixed with "# ", each under the timeout from ./settings.
 #
-#   ./run_tests.sh                 all programs
+#   ./run_tests.sh                 all programs (but the long ones, unless
+#                                  LGUEST_LONG=1)
 #   ./run_tests.sh PROG[:TEST] ... only these programs (or one test of one)
 set -o pipefail
 cd "$(dirname "$0")"
@@ -13,12 +14,19 @@ cd "$(dirname "$0")"
 export LGUEST_REQUIRE=1
 timeout=$(sed -n 's/^timeout=//p' settings 2>/dev/null)
 timeout=${timeout:-300}
-progs=$(cat tests.list)
+# tests.list: one program per line; "long" after the name marks the long
+# runs (fuzzers), which only run with LGUEST_LONG=1 or when named.
+progs=$(cut -d' ' -f1 tests.list)
+if [ "${LGUEST_LONG:-0}" = 1 ]; then
+	default=$progs
+else
+	default=$(awk '$2 != "long" { print $1 }' tests.list)
+fi
 
 if [ $# -gt 0 ]; then
 	sel="$*"
 else
-	sel="$progs"
+	sel="$default"
 fi
 n=$(echo $sel | wc -w)
 echo "TAP version 13"
