@@ -18,7 +18,7 @@ use kernel::{
 };
 
 use crate::{
-    interrupts,
+    interrupts, paging,
     uapi::{
         self,
         HcallArgs,
@@ -184,13 +184,13 @@ fn dispatch(
             }
             Ok(None)
         }
-        uapi::LHCALL_NEW_PGTABLE
-        | uapi::LHCALL_FLUSH_TLB
-        | uapi::LHCALL_SET_STACK
+        uapi::LHCALL_NEW_PGTABLE => paging::new_pgtable(vm, a.arg1).map(|()| None),
+        uapi::LHCALL_SET_PTE => paging::set_pte(vm, a.arg2).map(|()| None),
+        uapi::LHCALL_FLUSH_TLB | uapi::LHCALL_SET_PMD | uapi::LHCALL_SET_PGD => {
+            paging::flush(vm).map(|()| None)
+        }
+        uapi::LHCALL_SET_STACK
         | uapi::LHCALL_TS
-        | uapi::LHCALL_SET_PMD
-        | uapi::LHCALL_SET_PTE
-        | uapi::LHCALL_SET_PGD
         | uapi::LHCALL_LOAD_TLS
         | uapi::LHCALL_LOAD_GDT_ENTRY => {
             kill!("hypercall {} is not supported by this host yet", name(nr))

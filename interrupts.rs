@@ -153,15 +153,9 @@ pub(crate) fn deliver(vm: &mut Vm, index: usize, vector: u64, error: u64) -> Res
     for (i, v) in frame[..n].iter().enumerate() {
         bytes[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
     }
-    let Some(gpa) = vm.guest_va_to_gpa(new_rsp, 8 * n) else {
+    if vm.write_guest_va(new_rsp, &bytes[..8 * n]).is_err() {
         return kill!(
-            "cannot deliver vector {vector}: the guest stack at {:#x} is not in its memory",
-            regs.rsp
-        );
-    };
-    if vm.write_guest(gpa, &bytes[..8 * n]).is_err() {
-        return kill!(
-            "cannot deliver vector {vector}: the guest stack at {:#x} is not writable",
+            "cannot deliver vector {vector}: the guest stack at {:#x} is not mapped in guest memory",
             regs.rsp
         );
     }
@@ -187,11 +181,8 @@ pub(crate) fn deliver(vm: &mut Vm, index: usize, vector: u64, error: u64) -> Res
 /// own user stack. Real CPUs read it as ring 3 and never get here.
 fn emulate_iret(vm: &mut Vm, index: usize) -> Result<bool, Kill> {
     let rsp = vm.vcpus[index].cpu.regs.rsp;
-    let Some(gpa) = vm.guest_va_to_gpa(rsp, 40) else {
-        return Ok(false);
-    };
     let mut b = [0u8; 40];
-    if vm.read_guest(gpa, &mut b).is_err() {
+    if vm.read_guest_va(rsp, &mut b).is_err() {
         return Ok(false);
     }
     let w = |i: usize| {

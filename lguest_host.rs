@@ -10,6 +10,7 @@
 //! - [`interrupts`]: the guest's IDT, delivery, `irq_pending`, HALT;
 //! - [`irq`]: interrupt sources: pending bits, the clock-event timer;
 //! - [`mm`]: pinned guest memory and shadow page tables;
+//! - [`paging`]: the guest's own page tables, shadowed on demand;
 //! - [`switcher`] (with `switcher_64.S`): the trip into the guest and back;
 //! - [`helpers`] (with `lg_helpers.c`): the few raw kernel calls;
 //! - [`uapi`]: the ABI shared with the launcher, the guest and the tests.
@@ -31,6 +32,7 @@ mod host;
 mod interrupts;
 mod irq;
 mod mm;
+mod paging;
 mod switcher;
 mod vm;
 

@@ -203,6 +203,11 @@ impl ShadowTable {
         self.root.phys()
     }
 
+    /// Number of table pages, the root included.
+    pub(crate) fn table_pages(&self) -> usize {
+        self.pages.len() + 1
+    }
+
     fn index(va: u64, level: u32) -> usize {
         ((va >> (12 + 9 * (level - 1))) & 511) as usize
     }

@@ -46,6 +46,10 @@ use crate::{
         PTE_RW,
         PTE_US, //
     },
+    paging::{
+        self,
+        Fault, //
+    },
     switcher::{
         Exit,
         GuestCpu,
@@ -101,6 +105,9 @@ pub(crate) struct Vm {
     pub(crate) vcpus: KVec<Vcpu>,
     /// Set when the host killed the guest: the reason.
     dead: Option<Kill>,
+    /// The guest's own top-level page table (guest-physical), once it gave
+    /// one with `LHCALL_NEW_PGTABLE`; until then the linear map.
+    pub(crate) guest_root: Option<u64>,
     /// The address space that created the VM: guest memory is its memory,
     /// so only it may run the guest (as lguest required).
     owner: helpers::MmRef,
@@ -165,6 +172,7 @@ impl Vm {
             entry: cfg.entry,
             vcpus: KVec::new(),
             dead: None,
+            guest_root: None,
             owner,
         })
     }
@@ -280,8 +288,19 @@ impl Vm {
             let Exit::Trap { vector, error, cr2 } = exit else {
                 continue;
             };
+            // A page fault the guest itself caused (user mode: the guest
+            // runs in ring 3) may just be the shadow table catching up.
+            let guest_pf = vector == 14 && error & 4 != 0 && self.guest_root.is_some();
             let outcome = if vector == uapi::LGUEST_TRAP_ENTRY as u64 {
                 hcall::do_hypercalls(self, index)
+            } else if guest_pf {
+                match paging::demand_page(self, cr2, error) {
+                    Ok(Fault::Fixed) => Ok(None),
+                    Ok(Fault::Reflect(e)) => {
+                        interrupts::reflect_trap(self, index, 14, e, cr2).map(|()| None)
+                    }
+                    Err(k) => Err(k),
+                }
             } else {
                 interrupts::reflect_trap(self, index, vector, error, cr2).map(|()| None)
             };
@@ -297,11 +316,90 @@ impl Vm {
     }
 
     /// The guest-physical address of guest-virtual `[va, va + len)`, if it
-    /// is mapped (for now the linear map: RAM above 1 MiB, virtual equal to
-    /// physical).
+    /// is mapped: on the linear map RAM above 1 MiB, virtual equal to
+    /// physical; with the guest's own tables, by walking them (the range
+    /// must not cross a page).
     pub(crate) fn guest_va_to_gpa(&self, va: u64, len: usize) -> Option<u64> {
         let end = va.checked_add(len as u64)?;
-        (va >= uapi::LGUEST_LOAD_MIN && end <= self.mem.size()).then_some(va)
+        let Some(root) = self.guest_root else {
+            return (va >= uapi::LGUEST_LOAD_MIN && end <= self.mem.size()).then_some(va);
+        };
+        if end > 1 << 47 || (va / PAGE_SIZE) != ((end - 1) / PAGE_SIZE) {
+            return None;
+        }
+        let mut table = root;
+        for level in (1..=4u32).rev() {
+            let shift = 12 + 9 * (level - 1);
+            let mut b = [0u8; 8];
+            self.read_guest(table + 8 * ((va >> shift) & 511), &mut b)
+                .ok()?;
+            let e = u64::from_le_bytes(b);
+            if e & PTE_P == 0 {
+                return None;
+            }
+            let addr = e & 0x000f_ffff_ffff_f000;
+            if level == 1 || (e & (1 << 7) != 0 && level <= 3) {
+                let size = 1u64 << shift;
+                let gpa = (addr & !(size - 1)) + (va & (size - 1));
+                return (gpa + len as u64 <= self.mem.size()).then_some(gpa);
+            }
+            table = addr;
+        }
+        None
+    }
+
+    /// Copies guest-virtual memory at `va` into `buf`, page by page.
+    pub(crate) fn read_guest_va(&self, va: u64, buf: &mut [u8]) -> Result {
+        let mut done = 0;
+        while done < buf.len() {
+            let at = va.checked_add(done as u64).ok_or(EFAULT)?;
+            let n = core::cmp::min(buf.len() - done, (PAGE_SIZE - at % PAGE_SIZE) as usize);
+            let gpa = self.guest_va_to_gpa(at, n).ok_or(EFAULT)?;
+            self.read_guest(gpa, &mut buf[done..done + n])?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Copies `data` to guest-virtual memory at `va`, page by page.
+    pub(crate) fn write_guest_va(&self, va: u64, data: &[u8]) -> Result {
+        let mut done = 0;
+        while done < data.len() {
+            let at = va.checked_add(done as u64).ok_or(EFAULT)?;
+            let n = core::cmp::min(data.len() - done, (PAGE_SIZE - at % PAGE_SIZE) as usize);
+            let gpa = self.guest_va_to_gpa(at, n).ok_or(EFAULT)?;
+            self.write_guest(gpa, &data[done..done + n])?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Replaces the shadow table with an empty one (plus the switcher):
+    /// the guest's mappings are refilled on demand.
+    pub(crate) fn reset_shadow(&mut self) -> Result {
+        let sw = Switcher::get()?;
+        let mut shadow = ShadowTable::new(sw.levels())?;
+        sw.map_into(&mut shadow)?;
+        self.shadow = shadow;
+        for v in self.vcpus.iter_mut() {
+            v.cpu.mapped_cpu = None;
+        }
+        Ok(())
+    }
+
+    /// Maps guest-virtual page `va` in the shadow, starting over when the
+    /// shadow has grown past its bound.
+    pub(crate) fn shadow_map(&mut self, va: u64, pte: u64) -> Result {
+        if self.shadow.table_pages() >= paging::MAX_SHADOW_PAGES {
+            self.reset_shadow()?;
+        }
+        let user = PTE_P | PTE_RW | PTE_US;
+        self.shadow.map(va, pte, user)
+    }
+
+    /// Forgets guest-virtual page `va` in the shadow.
+    pub(crate) fn shadow_unmap(&mut self, va: u64) -> Result {
+        self.shadow.set_existing(va, 0)
     }
 
     /// Copies `buf.len()` bytes of guest-physical memory at `gpa` into `buf`.
@@ -403,7 +501,9 @@ impl Drop for Vm {
     fn drop(&mut self) {
         // Refund the locked-memory charge taken in `create` (the pins go
         // when `mem` drops, right after this).
-        let _ = self.owner.account_locked((self.mem.size() / PAGE_SIZE) as usize, false);
+        let _ = self
+            .owner
+            .account_locked((self.mem.size() / PAGE_SIZE) as usize, false);
     }
 }
 

@@ -66,6 +66,170 @@ fn guest_halt_irq1() -> Vec<u8> {
     code
 }
 
+// A guest for the shadow-paging tests, assembled here and copied into guest
+// memory at CODE (it is position independent: absolute addresses only).
+// RBX picks the path after NEW_PGTABLE: 0 the main one, 1 a page outside
+// RAM, 2 a write to a read-only page, 3 a page not present.
+core::arch::global_asm!(
+    ".pushsection .rodata.lguest_guest_paging, \"a\"",
+    ".globl lguest_guest_paging_start",
+    ".globl lguest_guest_paging_end",
+    "lguest_guest_paging_start:",
+    "mov esp, 0x1f0000",
+    "mov eax, 1",
+    "mov edi, 0x180000",
+    "int 0x1f",
+    "mov eax, 4",
+    "mov edi, 0x300000",
+    "int 0x1f",
+    "cmp rbx, 1",
+    "je 21f",
+    "cmp rbx, 2",
+    "je 22f",
+    "cmp rbx, 3",
+    "je 23f",
+    // (a) read page A through its alias at 1 GiB
+    "mov rax, [0x40000000]",
+    "mov rsi, rax",
+    "mov eax, 17",
+    "mov edi, 0x181000",
+    "int 0x1f",
+    // (b) write page A through the alias
+    "mov rcx, 0x5a5a",
+    "mov [0x40000008], rcx",
+    // (c) read page A through the 2 MiB identity page
+    "mov rax, [0x200000]",
+    "mov rsi, rax",
+    "mov eax, 17",
+    "mov edi, 0x181000",
+    "int 0x1f",
+    // (d) point the alias at page B, tell the host, read again
+    "mov rdx, 0x201003",
+    "mov [0x303000], rdx",
+    "mov eax, 14",
+    "mov edi, 0x300000",
+    "mov esi, 0x40000000",
+    "int 0x1f",
+    "mov rax, [0x40000000]",
+    "mov rsi, rax",
+    "mov eax, 17",
+    "mov edi, 0x181000",
+    "int 0x1f",
+    // (e) power off
+    "mov eax, 2",
+    "mov edi, 0x181000",
+    "mov esi, 1",
+    "int 0x1f",
+    "20: jmp 20b",
+    "21: mov rax, [0x40002000]",
+    "jmp 20b",
+    "22: mov [0x40001000], rax",
+    "jmp 20b",
+    "23: mov rax, [0x40003000]",
+    "jmp 20b",
+    "lguest_guest_paging_end:",
+    ".popsection",
+);
+
+extern "C" {
+    static lguest_guest_paging_start: u8;
+    static lguest_guest_paging_end: u8;
+}
+
+/// The bytes of the shadow-paging guest.
+fn guest_paging() -> Vec<u8> {
+    // SAFETY: Both symbols delimit the bytes assembled above, in a
+    // read-only section of this program.
+    unsafe {
+        let start = std::ptr::addr_of!(lguest_guest_paging_start);
+        let end = std::ptr::addr_of!(lguest_guest_paging_end);
+        std::slice::from_raw_parts(start, end as usize - start as usize).to_vec()
+    }
+}
+
+const PAGE_A: u64 = 0x20_0000;
+const PAGE_B: u64 = 0x20_1000;
+const VALUE_A: u64 = 0x1122_3344_5566_7788;
+const VALUE_B: u64 = 0xaabb_ccdd_0000_1111;
+
+/// Writes the guest's page tables for the shadow-paging tests:
+/// VA 0x4000_0000 -> page A (RW), +0x1000 -> page B (read-only),
+/// +0x2000 -> a frame outside RAM, +0x3000 not present; VA 0-2 MiB mapped
+/// 4 KiB at a time from 1 MiB (code, data, stack) and 2-4 MiB as one
+/// 2 MiB page (page A and B, and the tables themselves).
+fn write_guest_tables(mem: &Mapping) {
+    let (pml4, pdpt, pd, pt, pd2, pt2) =
+        (0x30_0000u64, 0x30_1000u64, 0x30_2000u64, 0x30_3000u64, 0x30_4000u64, 0x30_5000u64);
+    let e = |at: u64, v: u64| mem.put::<u64>(at as usize, v);
+    const P: u64 = 1;
+    const RW: u64 = 2;
+    const PS: u64 = 0x80;
+    e(pml4, pdpt | P | RW);
+    e(pdpt, pd2 | P | RW);
+    e(pdpt + 8, pd | P | RW);
+    e(pd, pt | P | RW);
+    e(pt, PAGE_A | P | RW);
+    e(pt + 8, PAGE_B | P);
+    e(pt + 16, (64 << 20) | P | RW);
+    e(pd2, pt2 | P | RW);
+    e(pd2 + 8, 0x20_0000 | P | RW | PS);
+    for page in 0x100u64..0x200 {
+        e(pt2 + 8 * page, (page << 12) | P | RW);
+    }
+    mem.put::<u64>(PAGE_A as usize, VALUE_A);
+    mem.put::<u64>(PAGE_B as usize, VALUE_B);
+}
+
+/// NEW_PGTABLE switches the guest to its own page tables: reads and writes
+/// through aliases and a 2 MiB page reach the right frames, accessed and
+/// dirty bits show up in the guest's entries, and SET_PTE remaps a page.
+fn shadow_paging() -> TestResult {
+    let vm = TestVm::new(&guest_paging())?;
+    write_guest_tables(&vm.mem);
+    let mut notes = Vec::new();
+    for _ in 0..4 {
+        check_eq!(vm.run(), Ok(0), "RUN");
+        if vm.exit_reason() != abi::LGUEST_EXIT_NOTIFY {
+            break;
+        }
+        notes.push(vm.run_page().read::<u64>(16));
+    }
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_SHUTDOWN, format!("exit after {notes:x?} ({})", vm.message()));
+    check_eq!(notes, vec![VALUE_A, VALUE_A, VALUE_B], "values read through the guest's mappings");
+    check_eq!(vm.mem.read::<u64>(PAGE_A as usize + 8), 0x5a5a, "the write through the alias");
+    let pd2_large: u64 = vm.mem.read(0x30_4008);
+    check!(pd2_large & 0x20 != 0, "the 2 MiB entry's accessed bit is clear: {pd2_large:#x}");
+    let pt_b: u64 = vm.mem.read(0x30_3000);
+    check_eq!(pt_b & 0x60, 0x20, "page B's entry after a read: accessed, not dirty");
+    Ok(())
+}
+
+/// The guest's page-table mistakes: a frame outside RAM kills it; a write to
+/// a read-only page and a page that is not present are its own page faults
+/// (reflected; with no handler, the guest dies naming the fault).
+fn shadow_paging_faults() -> TestResult {
+    let cases = [
+        (1u64, "guest page entry"),
+        (2, "page fault at 0x40001000 (error 0x7)"),
+        (3, "page fault at 0x40003000 (error 0x4)"),
+    ];
+    for (path, want) in cases {
+        let vm = TestVm::new(&guest_paging())?;
+        write_guest_tables(&vm.mem);
+        let mut r = abi::LguestVcpuRegs::default();
+        check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_GET_REGS, &mut r), Ok(0), "GET_REGS");
+        r.regs.rbx = path;
+        check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_SET_REGS, &mut r), Ok(0), "SET_REGS");
+        check_eq!(vm.run(), Ok(0), "RUN");
+        check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_KILLED, format!("path {path}: exit ({})", vm.message()));
+        check!(vm.message().contains(want), "path {path}: kill message {:?}, wanted {want:?}", vm.message());
+        if path == 1 {
+            check!(vm.message().contains("outside guest memory"), "path 1: {:?}", vm.message());
+        }
+    }
+    Ok(())
+}
+
 /// A VM built from a code blob: the file, its memory and its run page.
 struct TestVm {
     f: File,
@@ -627,6 +791,8 @@ fn main() -> ExitCode {
         ("run_from_other_process", run_from_other_process),
         ("memlock_limit", memlock_limit),
         ("create_destroy_1000", create_destroy_1000),
+        ("shadow_paging", shadow_paging),
+        ("shadow_paging_faults", shadow_paging_faults),
         ("halt_sleeps_irq_wakes", halt_sleeps_irq_wakes),
         ("irqfd_wakes_halted_guest", irqfd_wakes_halted_guest),
         ("kicks_100000", kicks_100000),

@@ -1,0 +1,209 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Shadow paging: the guest's own page tables, and the shadow tables the
+//! hardware really walks.
+//!
+//! A guest boots on the linear map `Vm::create` builds. With
+//! `LHCALL_NEW_PGTABLE` it hands over its own 4-level page table (in its
+//! RAM); from then on the lower half of the shadow table starts empty and is
+//! filled on demand: a page fault in the guest makes [`demand_page`] walk the
+//! guest's tables (reading each entry once, checking it), and either install
+//! a shadow entry for that one 4 KiB page or reflect the fault to the guest.
+//! Accessed and dirty bits are emulated: the host sets them in the guest's
+//! entries, and maps a clean writable page read-only until it is written.
+//! Large guest pages (2 MiB, 1 GiB) are split into 4 KiB shadow entries.
+//! The guest's user/supervisor bit is not enforced yet: the guest kernel
+//! runs in ring 3 itself (guest user mode is future work).
+//!
+//! Changes to guest entries reach the shadow through `LHCALL_SET_PTE`
+//! (that page's shadow entry is dropped and refilled on the next fault),
+//! `LHCALL_SET_PMD`, `LHCALL_SET_PGD` and `LHCALL_FLUSH_TLB` (the whole
+//! lower half is dropped). The number of shadow table pages is bounded:
+//! past [`MAX_SHADOW_PAGES`] the lower half is dropped and refilled, so a
+//! guest cannot make the host allocate without bound.
+//!
+//! Guest page tables live in guest RAM and are read through the launcher's
+//! mapping, as every host access to guest memory is. A guest entry that
+//! points outside guest RAM kills the guest. Called from the run loop and
+//! the hypercalls, with the VM's mutex held.
+
+use kernel::{
+    prelude::*,
+    str::CString, //
+};
+
+use crate::{
+    hcall::{
+        kill,
+        Kill, //
+    },
+    mm::{
+        PAGE_SIZE,
+        PTE_A,
+        PTE_D,
+        PTE_NX,
+        PTE_P,
+        PTE_RW,
+        PTE_US, //
+    },
+    vm::Vm,
+};
+
+/// Page-size bit of PDPT and PD entries.
+const PTE_PS: u64 = 1 << 7;
+/// The physical-address bits of a guest entry (52-bit physical addresses).
+const PTE_ADDR: u64 = 0x000f_ffff_ffff_f000;
+/// Shadow table pages beyond which the lower half is dropped and refilled.
+pub(crate) const MAX_SHADOW_PAGES: usize = 4096;
+/// Page-fault error code bits.
+const PF_PRESENT: u64 = 1;
+const PF_WRITE: u64 = 2;
+const PF_USER: u64 = 4;
+const PF_INSTR: u64 = 16;
+
+/// What to do with a guest page fault.
+pub(crate) enum Fault {
+    /// The shadow now maps the page: run the guest again.
+    Fixed,
+    /// A genuine guest fault: reflect it with this error code.
+    Reflect(u64),
+}
+
+/// Reads one guest page-table entry (8 bytes at guest-physical `gpa`).
+fn read_entry(vm: &Vm, gpa: u64) -> Result<u64, Kill> {
+    let mut b = [0u8; 8];
+    if vm.read_guest(gpa, &mut b).is_err() {
+        return kill!("guest page table entry at {gpa:#x} is not in guest memory");
+    }
+    Ok(u64::from_le_bytes(b))
+}
+
+/// Writes back a guest entry whose A/D bits we set.
+fn write_entry(vm: &Vm, gpa: u64, v: u64) -> Result<(), Kill> {
+    if vm.write_guest(gpa, &v.to_le_bytes()).is_err() {
+        return kill!("guest page table entry at {gpa:#x} is not writable");
+    }
+    Ok(())
+}
+
+/// Checks that a guest entry's frame lies in guest RAM.
+fn frame_in_ram(vm: &Vm, entry: u64, size: u64, what: &str, va: u64) -> Result<u64, Kill> {
+    let base = entry & PTE_ADDR & !(size - 1);
+    if base
+        .checked_add(size)
+        .map_or(true, |end| end > vm.mem.size())
+    {
+        return kill!("guest {what} entry {entry:#x} for {va:#x} points outside guest memory");
+    }
+    Ok(base)
+}
+
+/// `LHCALL_NEW_PGTABLE(gpa)`: the guest's top-level table is now at `gpa`.
+pub(crate) fn new_pgtable(vm: &mut Vm, gpa: u64) -> Result<(), Kill> {
+    if gpa % PAGE_SIZE != 0
+        || gpa
+            .checked_add(PAGE_SIZE)
+            .map_or(true, |e| e > vm.mem.size())
+    {
+        return kill!("NEW_PGTABLE: bad page table address {gpa:#x}");
+    }
+    vm.guest_root = Some(gpa);
+    flush(vm)
+}
+
+/// Drops every lower-half shadow entry (they are refilled on demand).
+pub(crate) fn flush(vm: &mut Vm) -> Result<(), Kill> {
+    if vm.guest_root.is_none() {
+        // Still on the linear map, which never changes.
+        return Ok(());
+    }
+    if vm.reset_shadow().is_err() {
+        return kill!("out of memory for a new shadow page table");
+    }
+    Ok(())
+}
+
+/// `LHCALL_SET_PTE(pgdir, va, pte)`: one entry changed: forget its page.
+pub(crate) fn set_pte(vm: &mut Vm, va: u64) -> Result<(), Kill> {
+    if vm.guest_root.is_none() || va >= 1 << 47 {
+        return Ok(());
+    }
+    // Not present in the shadow yet is fine: nothing to forget.
+    let _ = vm.shadow_unmap(va & !(PAGE_SIZE - 1));
+    Ok(())
+}
+
+/// Handles a page fault at `va` with hardware error code `error`: walks the
+/// guest's tables and maps the page, or says to reflect the fault.
+pub(crate) fn demand_page(vm: &mut Vm, va: u64, error: u64) -> Result<Fault, Kill> {
+    let Some(root) = vm.guest_root else {
+        return Ok(Fault::Reflect(error));
+    };
+    let write = error & PF_WRITE != 0;
+    let fetch = error & PF_INSTR != 0;
+    // The guest sees its own view: present only if its tables map the page.
+    let guest_error = |present: bool| {
+        (error & (PF_WRITE | PF_INSTR)) | PF_USER | if present { PF_PRESENT } else { 0 }
+    };
+    if va >= 1 << 47 {
+        return Ok(Fault::Reflect(guest_error(false)));
+    }
+
+    let mut table = root;
+    let mut writable = true;
+    let mut nx = false;
+    let mut entries: [(u64, u64); 4] = [(0, 0); 4];
+    let mut leaf = None;
+    for (i, level) in (1..=4u32).rev().enumerate() {
+        let shift = 12 + 9 * (level - 1);
+        let at = table + 8 * ((va >> shift) & 511);
+        let e = read_entry(vm, at)?;
+        if e & PTE_P == 0 {
+            return Ok(Fault::Reflect(guest_error(false)));
+        }
+        entries[i] = (at, e);
+        writable &= e & PTE_RW != 0;
+        nx |= e & PTE_NX != 0;
+        if level == 1 || (e & PTE_PS != 0 && level <= 3) {
+            let size = 1u64 << shift;
+            let base = frame_in_ram(vm, e, size, "page", va)?;
+            leaf = Some((i, base + (va & (size - 1) & !(PAGE_SIZE - 1))));
+            break;
+        }
+        if level == 4 && e & PTE_PS != 0 {
+            return kill!("guest top-level entry {e:#x} for {va:#x} has the page-size bit");
+        }
+        table = frame_in_ram(vm, e, PAGE_SIZE, "table", va)?;
+    }
+    let Some((last, gpa)) = leaf else {
+        return kill!("guest page walk for {va:#x} found no page");
+    };
+    if (write && !writable) || (fetch && nx) {
+        return Ok(Fault::Reflect(guest_error(true)));
+    }
+
+    // Accessed bits on the way, dirty on the page if this is a write.
+    for (i, &(at, e)) in entries[..=last].iter().enumerate() {
+        let mut v = e | PTE_A;
+        if i == last && write {
+            v |= PTE_D;
+        }
+        if v != e {
+            write_entry(vm, at, v)?;
+        }
+    }
+    let dirty = write || entries[last].1 & PTE_D != 0;
+    let Some(phys) = vm.mem.host_phys(gpa / PAGE_SIZE) else {
+        return kill!("guest page {gpa:#x} for {va:#x} is not in guest memory");
+    };
+    let mut pte = phys | PTE_P | PTE_US | PTE_A;
+    if writable && dirty {
+        pte |= PTE_RW | PTE_D;
+    }
+    if nx {
+        pte |= PTE_NX;
+    }
+    if vm.shadow_map(va & !(PAGE_SIZE - 1), pte).is_err() {
+        return kill!("out of memory for shadow page tables");
+    }
+    Ok(Fault::Fixed)
+}
