@@ -21,7 +21,11 @@ mod ffi {
         pub(super) fn lg_current_mm_grab() -> *mut core::ffi::c_void;
         pub(super) fn lg_current_mm_is(mm: *mut core::ffi::c_void) -> bool;
         pub(super) fn lg_mm_drop(mm: *mut core::ffi::c_void);
-        pub(super) fn lg_account_locked_vm(mm: *mut core::ffi::c_void, pages: usize, inc: bool) -> i32;
+        pub(super) fn lg_account_locked_vm(
+            mm: *mut core::ffi::c_void,
+            pages: usize,
+            inc: bool,
+        ) -> i32;
         pub(super) fn lg_set_current_interruptible();
         pub(super) fn lg_set_current_running();
         pub(super) fn lg_schedule();
