@@ -1,0 +1,336 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The guest fuzzer (`samples/fuzz`) against the host: random hypercalls
+//! with random and edge-case arguments, random IDT and async-ring contents,
+//! traps and privileged instructions, seeded and reproducible.
+//!
+//! - `valid_ops_never_kill`: operations the host must accept never get the
+//!   guest killed, and every promise the guest checks (registers across a
+//!   hypercall, vectors of reflected traps, the async ring) holds.
+//! - `fatal_ops_kill_with_reason`: with a `kill_rate` of 2 to 50 permille
+//!   each run ends with one fatal operation, announced by the guest with
+//!   the kill reason it expects; the host must kill the guest with exactly
+//!   that reason, and the launcher must stop with status 2 (never crash,
+//!   never hang). The reasons are tallied.
+//! - `million_hypercalls`: at least [`MILLION`] hypercalls in all (the
+//!   host's count, from `lguest -v`), after which the host still runs a
+//!   guest.
+//!
+//! Any failing run is reported with its seed and command line, so that it
+//! can be reproduced with `lguest run --memory 16M fuzz seed=S count=N
+//! kill_rate=K`.
+//!
+//! Needs `lguest` (`$LGUEST_BIN`, default /usr/bin/lguest) and the sample
+//! guests (`$LGUEST_GUESTS`, default /usr/share/lguest/guests).
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use lguest_selftests::{self as t, check, check_eq, fail, TestResult};
+
+/// Operations of the `valid_ops_never_kill` run: about 6 s on the normal
+/// kernel under TCG, 30 s on the debug kernel (KASAN, lockdep).
+const VALID_OPS: u64 = 200_000;
+/// Runs of `fatal_ops_kill_with_reason` (seeds 1 to this).
+const FATAL_RUNS: u64 = 100;
+/// `kill_rate` of those runs, in permille per operation, by seed modulo 4:
+/// most die within a few dozen operations, some after hundreds (by then
+/// the guest may run on its own page tables).
+const FATAL_KILL_RATES: [u64; 4] = [50, 20, 5, 2];
+/// Operations of each of those runs: with the lowest rate, a run ends
+/// without a fatal operation about once in 3000.
+const FATAL_OPS: u64 = 4000;
+/// The hypercalls `million_hypercalls` wants, in all.
+const MILLION: u64 = 1_000_000;
+/// Operations per run of `million_hypercalls`.
+const MILLION_OPS: u64 = 400_000;
+/// Guests that `million_hypercalls` runs at once (the QEMU host has 2 CPUs).
+const MILLION_PARALLEL: usize = 2;
+/// The longest `million_hypercalls` may take. Under TCG the host makes
+/// about 20000 fuzzer hypercalls a second with two guests at once on the
+/// normal kernel (a million in 45 to 50 s) and about 7000 on the debug
+/// kernel (150 s).
+const MILLION_BUDGET: Duration = Duration::from_secs(200);
+/// The longest one run may take: long enough for the debug kernel, short
+/// enough to catch a hung guest or launcher (each run prints progress).
+const RUN_TIMEOUT: Duration = Duration::from_secs(180);
+/// The longest one run of `fatal_ops_kill_with_reason` may take.
+const FATAL_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn launcher() -> String {
+    std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into())
+}
+
+fn guest(name: &str) -> String {
+    let dir = std::env::var("LGUEST_GUESTS").unwrap_or_else(|_| "/usr/share/lguest/guests".into());
+    format!("{dir}/{name}")
+}
+
+/// What one launcher run produced.
+struct Outcome {
+    /// The command line, to reproduce it.
+    cmd: String,
+    code: i32,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+impl Outcome {
+    fn describe(&self) -> String {
+        let tail = |s: &str| {
+            let lines: Vec<&str> = s.lines().collect();
+            lines[lines.len().saturating_sub(8)..].join("\n    ")
+        };
+        format!(
+            "`{}`: exit {} after {:.1} s\n  stdout (end):\n    {}\n  stderr (end):\n    {}",
+            self.cmd,
+            self.code,
+            self.took.as_secs_f64(),
+            tail(&self.stdout),
+            tail(&self.stderr)
+        )
+    }
+
+    /// The host's counts of exits and hypercalls, from `lguest -v`'s
+    /// "vCPU 0: N exits, M hypercalls".
+    fn host_counts(&self) -> Option<(u64, u64)> {
+        let line = self.stderr.lines().find(|l| l.contains(" exits, ") && l.ends_with(" hypercalls"))?;
+        let (exits, hcalls) = line.rsplit_once(": ")?.1.split_once(" exits, ")?;
+        Some((exits.parse().ok()?, hcalls.strip_suffix(" hypercalls")?.parse().ok()?))
+    }
+
+    /// The guest's own count from its last line, `fuzz: seed S: N ops, H
+    /// hypercalls`: (N, H).
+    fn guest_counts(&self, seed: u64) -> Option<(u64, u64)> {
+        let prefix = format!("fuzz: seed {seed}: ");
+        let line = self.stdout.lines().rev().find(|l| l.starts_with(&prefix) && l.ends_with(" hypercalls"))?;
+        let rest = line.strip_prefix(&prefix)?;
+        let (ops, hcalls) = rest.split_once(" ops, ")?;
+        Some((ops.parse().ok()?, hcalls.strip_suffix(" hypercalls")?.parse().ok()?))
+    }
+
+    /// The reason after `lguest: guest killed by the host: `, if any.
+    fn kill_reason(&self) -> Option<&str> {
+        self.stderr.lines().find_map(|l| l.strip_prefix("lguest: guest killed by the host: "))
+    }
+}
+
+/// A launcher run in progress, with threads draining its pipes.
+struct Running {
+    cmd: String,
+    child: Child,
+    out: JoinHandle<String>,
+    err: JoinHandle<String>,
+    start: Instant,
+}
+
+fn drain(pipe: Option<impl Read + Send + 'static>) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        if let Some(mut p) = pipe {
+            let _ = p.read_to_end(&mut bytes);
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    })
+}
+
+/// Starts `lguest -v run --memory 16M GUEST ARGS...`.
+fn spawn(guest_name: &str, args: &[String]) -> Result<Running, t::NotPassed> {
+    let path = guest(guest_name);
+    let cmd = format!("{} -v run --memory 16M {path} {}", launcher(), args.join(" "));
+    let mut child = Command::new(launcher())
+        .args(["-v", "run", "--memory", "16M", &path])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| t::NotPassed::Fail(format!("cannot start {}: {e}", launcher())))?;
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
+    Ok(Running { cmd, child, out, err, start: Instant::now() })
+}
+
+impl Running {
+    /// Waits for the run to end; kills it after `timeout`.
+    fn wait(mut self, timeout: Duration) -> Result<Outcome, t::NotPassed> {
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(st)) => break st,
+                Ok(None) if self.start.elapsed() > timeout => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    let stdout = self.out.join().unwrap_or_default();
+                    let stderr = self.err.join().unwrap_or_default();
+                    let o = Outcome { cmd: self.cmd, code: -1, stdout, stderr, took: self.start.elapsed() };
+                    fail!("the launcher did not finish within {timeout:?} (hung?): {}", o.describe());
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+                Err(e) => fail!("wait for `{}`: {e}", self.cmd),
+            }
+        };
+        let took = self.start.elapsed();
+        use std::os::unix::process::ExitStatusExt;
+        let code = status.code().unwrap_or(128 + status.signal().unwrap_or(0));
+        let stdout = self.out.join().unwrap_or_default();
+        let stderr = self.err.join().unwrap_or_default();
+        Ok(Outcome { cmd: self.cmd, code, stdout, stderr, took })
+    }
+}
+
+fn fuzz_args(seed: u64, count: u64, kill_rate: u64) -> Vec<String> {
+    vec![format!("seed={seed}"), format!("count={count}"), format!("kill_rate={kill_rate}")]
+}
+
+/// Checks a run with `kill_rate=0`: powered off (status 0) after the final
+/// line; returns the host's hypercall count.
+fn check_clean(o: &Outcome, seed: u64, count: u64) -> Result<u64, t::NotPassed> {
+    if o.code != 0 || o.kill_reason().is_some() {
+        fail!("seed {seed}: a valid operation ended the guest: {}", o.describe());
+    }
+    let Some((ops, guest_hcalls)) = o.guest_counts(seed) else {
+        fail!("seed {seed}: no final line: {}", o.describe());
+    };
+    check_eq!(ops, count, format!("seed {seed}: operations done ({})", o.describe()));
+    let Some((_, host)) = o.host_counts() else {
+        fail!("seed {seed}: no hypercall count from lguest -v: {}", o.describe());
+    };
+    check!(
+        host >= guest_hcalls,
+        "seed {seed}: the host counted {host} hypercalls, fewer than the guest's own {guest_hcalls}: {}",
+        o.describe()
+    );
+    Ok(host)
+}
+
+/// Operations the host must accept never kill the guest, and the guest's
+/// checks (registers across hypercalls, trap vectors, the async ring) hold.
+fn valid_ops_never_kill() -> TestResult {
+    let seed = 1;
+    let o = spawn("fuzz", &fuzz_args(seed, VALID_OPS, 0))?.wait(RUN_TIMEOUT)?;
+    let host = check_clean(&o, seed, VALID_OPS)?;
+    for line in
+        o.stdout.lines().filter(|l| !l.contains(": progress: ") && (l.contains(" traps, ") || l.contains(": paging: ")))
+    {
+        println!("# valid_ops_never_kill: {line}");
+    }
+    let exits = o.host_counts().map_or(0, |c| c.0);
+    println!(
+        "# valid_ops_never_kill: seed {seed}: {VALID_OPS} ops, {host} hypercalls and {exits} exits (host counts) in \
+         {:.1} s ({:.0} hypercalls/s)",
+        o.took.as_secs_f64(),
+        host as f64 / o.took.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// A kill reason with its numbers replaced by `N`, for the tally.
+fn reason_kind(reason: &str) -> String {
+    let mut out = String::new();
+    let mut chars = reason.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() {
+            if c == '0' && chars.peek() == Some(&'x') {
+                chars.next();
+            }
+            while chars.peek().is_some_and(|c| c.is_ascii_hexdigit()) {
+                chars.next();
+            }
+            out.push('N');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// With a kill rate of 2 to 50 permille every run ends in one fatal
+/// operation (all but about one in 10000 runs): the host must kill the
+/// guest with the reason the guest announced, and the launcher stop with
+/// status 2. A run that ends without a fatal operation must have powered
+/// off after its last operation.
+fn fatal_ops_kill_with_reason() -> TestResult {
+    let mut tally: BTreeMap<String, u32> = BTreeMap::new();
+    let mut failures = Vec::new();
+    let start = Instant::now();
+    for seed in 1..=FATAL_RUNS {
+        let kill_rate = FATAL_KILL_RATES[(seed % 4) as usize];
+        let o = spawn("fuzz", &fuzz_args(seed, FATAL_OPS, kill_rate))?.wait(FATAL_TIMEOUT)?;
+        let expect = o.stdout.lines().rev().find_map(|l| l.split_once("; expect: ").map(|(_, e)| e.to_owned()));
+        match (o.code, o.kill_reason(), expect) {
+            (2, Some(reason), Some(expect)) if reason.starts_with(&expect) => {
+                *tally.entry(reason_kind(reason)).or_default() += 1;
+            }
+            (2, Some(reason), Some(expect)) => {
+                failures.push(format!("seed {seed}: killed with {reason:?}, expected {expect:?}: {}", o.describe()))
+            }
+            (2, Some(reason), None) => failures
+                .push(format!("seed {seed}: killed with {reason:?} before any fatal operation: {}", o.describe())),
+            (0, None, None) if o.guest_counts(seed).is_some() => {
+                *tally.entry("(no fatal operation: powered off)".into()).or_default() += 1;
+            }
+            _ => failures.push(format!("seed {seed}: not killed as expected: {}", o.describe())),
+        }
+    }
+    for (reason, n) in &tally {
+        println!("# reason: {reason}: {n}");
+    }
+    println!("# fatal_ops_kill_with_reason: {FATAL_RUNS} runs in {:.1} s", start.elapsed().as_secs_f64());
+    if !failures.is_empty() {
+        fail!("{} of {FATAL_RUNS} runs failed:\n{}", failures.len(), failures.join("\n"));
+    }
+    let hello = spawn("hello", &["after".into(), "the".into(), "kills".into()])?.wait(RUN_TIMEOUT)?;
+    check_eq!(hello.code, 0, format!("hello after the kills ({})", hello.describe()));
+    Ok(())
+}
+
+/// At least a million hypercalls in all, counted by the host, then the
+/// host still runs a guest.
+fn million_hypercalls() -> TestResult {
+    let start = Instant::now();
+    let mut total = 0u64;
+    let mut runs = 0u64;
+    let mut seed = 1000u64;
+    while total < MILLION {
+        if start.elapsed() > MILLION_BUDGET {
+            fail!(
+                "only {total} hypercalls in {runs} runs within {:?} ({:.0}/s)",
+                MILLION_BUDGET,
+                total as f64 / start.elapsed().as_secs_f64()
+            );
+        }
+        let batch: Vec<(u64, Running)> = (0..MILLION_PARALLEL)
+            .map(|i| {
+                let s = seed + i as u64;
+                spawn("fuzz", &fuzz_args(s, MILLION_OPS, 0)).map(|r| (s, r))
+            })
+            .collect::<Result<_, _>>()?;
+        seed += MILLION_PARALLEL as u64;
+        for (s, r) in batch {
+            let o = r.wait(RUN_TIMEOUT)?;
+            total += check_clean(&o, s, MILLION_OPS)?;
+            runs += 1;
+        }
+    }
+    let took = start.elapsed().as_secs_f64();
+    println!(
+        "# million_hypercalls: {total} hypercalls in {runs} runs of {MILLION_OPS} ops ({} at once), {took:.1} s, {:.0} hypercalls/s",
+        MILLION_PARALLEL,
+        total as f64 / took
+    );
+    let hello = spawn("hello", &["after".into(), "the".into(), "fuzzing".into()])?.wait(RUN_TIMEOUT)?;
+    check_eq!(hello.code, 0, format!("hello after the fuzzing ({})", hello.describe()));
+    check!(hello.stdout.contains("Hello from the lguest guest"), "no greeting: {}", hello.describe());
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    t::run(&[
+        ("valid_ops_never_kill", valid_ops_never_kill),
+        ("fatal_ops_kill_with_reason", fatal_ops_kill_with_reason),
+        ("million_hypercalls", million_hypercalls),
+    ])
+}
