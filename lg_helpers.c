@@ -116,6 +116,7 @@ unsigned long lg_page_offset_base(void)
 struct lg_irqfd {
 	wait_queue_entry_t wait;
 	poll_table pt;
+	wait_queue_head_t *wqh;
 	struct eventfd_ctx *ctx;
 	void *data;
 	unsigned int irq;
@@ -138,6 +139,7 @@ static void lg_irqfd_queue(struct file *file, wait_queue_head_t *wqh, poll_table
 {
 	struct lg_irqfd *irqfd = container_of(pt, struct lg_irqfd, pt);
 
+	irqfd->wqh = wqh;
 	add_wait_queue(wqh, &irqfd->wait);
 }
 
@@ -172,9 +174,16 @@ struct lg_irqfd *lg_irqfd_attach(int fd, void *data, unsigned int irq, int *err)
 	init_poll_funcptr(&irqfd->pt, lg_irqfd_queue);
 	events = vfs_poll(file, &irqfd->pt);
 	fput(file);
-	/* Signalled before we listened: deliver it now. */
-	if (events & EPOLLIN) {
+	/*
+	 * Signalled before we listened: deliver it now. The count is consumed
+	 * under the eventfd's wait-queue lock, as a wake-up would do it.
+	 */
+	if ((events & EPOLLIN) && irqfd->wqh) {
+		unsigned long flags;
+
+		spin_lock_irqsave(&irqfd->wqh->lock, flags);
 		eventfd_ctx_do_read(irqfd->ctx, &cnt);
+		spin_unlock_irqrestore(&irqfd->wqh->lock, flags);
 		lguest_irqfd_fire(data, irq);
 	}
 	*err = 0;

@@ -683,6 +683,34 @@ fn irqfd_wakes_halted_guest() -> TestResult {
     Ok(())
 }
 
+/// An eventfd signalled before it is bound raises its interrupt at bind
+/// time (the count is consumed under the eventfd's lock: the debug kernel's
+/// lockdep checks that): the guest's HALT returns at once.
+fn irqfd_signalled_before_bind() -> TestResult {
+    let vm = TestVm::new(&guest_halt_irq1())?;
+    // SAFETY: creating an eventfd has no preconditions.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    check!(efd >= 0, "eventfd: {}", t::errname(t::errno()));
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: writing 8 bytes from a valid buffer to our eventfd.
+    check_eq!(unsafe { libc::write(efd, one.as_ptr().cast(), 8) }, 8, "eventfd write");
+    let mut req = abi::LguestIrqfd { fd: efd, irq: 1, flags: 0, pad: 0 };
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_IRQFD, &mut req), Ok(0), "LGUEST_IRQFD bind");
+    check_eq!(vm.run(), Ok(0), "RUN");
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_SHUTDOWN, "exit (the interrupt raised at bind)");
+    // The count was consumed: a read would block.
+    let mut buf = [0u8; 8];
+    // SAFETY: non-blocking read into a valid buffer from our eventfd.
+    let r = unsafe {
+        libc::fcntl(efd, libc::F_SETFL, libc::O_NONBLOCK);
+        libc::read(efd, buf.as_mut_ptr().cast(), 8)
+    };
+    check_eq!(r, -1, "reading the consumed eventfd");
+    // SAFETY: closing our own fd.
+    unsafe { libc::close(efd) };
+    Ok(())
+}
+
 static KICK_BYTE: std::sync::atomic::AtomicPtr<u8> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
 
 extern "C" fn kick_handler(_sig: i32) {
@@ -795,6 +823,7 @@ fn main() -> ExitCode {
         ("shadow_paging_faults", shadow_paging_faults),
         ("halt_sleeps_irq_wakes", halt_sleeps_irq_wakes),
         ("irqfd_wakes_halted_guest", irqfd_wakes_halted_guest),
+        ("irqfd_signalled_before_bind", irqfd_signalled_before_bind),
         ("kicks_100000", kicks_100000),
     ])
 }
