@@ -292,3 +292,33 @@ pub fn meminfo(key: &str) -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// The launcher (`$LGUEST_BIN`, default /usr/bin/lguest).
+pub fn launcher() -> String {
+    std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into())
+}
+
+/// The path of sample guest `name` (`$LGUEST_GUESTS`, default
+/// /usr/share/lguest/guests).
+pub fn guest(name: &str) -> String {
+    let dir = std::env::var("LGUEST_GUESTS").unwrap_or_else(|_| "/usr/share/lguest/guests".into());
+    format!("{dir}/{name}")
+}
+
+/// A tiny hand-assembled guest, loaded at 1 MiB with `lguest_data` at
+/// 0x180000 and a message at 0x181000:
+/// INIT(0x180000); NOTIFY(0x181000, 0x42); SHUTDOWN(0x181000, POWEROFF); jmp .
+pub const GUEST_OK: &[u8] = &[
+    0xb8, 0x01, 0x00, 0x00, 0x00, // mov $1, %eax        LGUEST_INIT
+    0xbf, 0x00, 0x00, 0x18, 0x00, // mov $0x180000, %edi
+    0xcd, 0x1f, //                   int $0x1f
+    0xb8, 0x11, 0x00, 0x00, 0x00, // mov $17, %eax       NOTIFY
+    0xbf, 0x00, 0x10, 0x18, 0x00, // mov $0x181000, %edi
+    0xbe, 0x42, 0x00, 0x00, 0x00, // mov $0x42, %esi
+    0xcd, 0x1f, //                   int $0x1f
+    0xb8, 0x02, 0x00, 0x00, 0x00, // mov $2, %eax        SHUTDOWN
+    0xbf, 0x00, 0x10, 0x18, 0x00, // mov $0x181000, %edi
+    0xbe, 0x01, 0x00, 0x00, 0x00, // mov $1, %esi        POWEROFF
+    0xcd, 0x1f, //                   int $0x1f
+    0xeb, 0xfe, //                   jmp .
+];

@@ -59,14 +59,7 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(180);
 /// The longest one run of `fatal_ops_kill_with_reason` may take.
 const FATAL_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn launcher() -> String {
-    std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into())
-}
-
-fn guest(name: &str) -> String {
-    let dir = std::env::var("LGUEST_GUESTS").unwrap_or_else(|_| "/usr/share/lguest/guests".into());
-    format!("{dir}/{name}")
-}
+use lguest_selftests::{guest, launcher};
 
 /// What one launcher run produced.
 struct Outcome {

@@ -12,14 +12,7 @@ use std::time::{Duration, Instant};
 
 use lguest_selftests::{self as t, check, check_eq, fail, skip, TestResult};
 
-fn launcher() -> String {
-    std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into())
-}
-
-fn guest(name: &str) -> String {
-    let dir = std::env::var("LGUEST_GUESTS").unwrap_or_else(|_| "/usr/share/lguest/guests".into());
-    format!("{dir}/{name}")
-}
+use lguest_selftests::{guest, launcher};
 
 /// What one launcher run produced.
 struct Outcome {
