@@ -119,11 +119,8 @@ fn run_async_ring(vm: &mut Vm, index: usize) -> Result<(), Kill> {
         if vm.read_guest(args_at, &mut raw).is_err() {
             return kill!("lguest_data at {ld:#x} is no longer readable");
         }
-        let word = |i: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&raw[8 * i..8 * i + 8]);
-            u64::from_le_bytes(w)
-        };
+        let word =
+            |i: usize| u64::from_le_bytes(raw[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]));
         let args = HcallArgs {
             arg0: word(0),
             arg1: word(1),

@@ -90,16 +90,15 @@ pub(crate) fn load_idt_entry(
 
 /// Reads a u64 field of the vCPU's `lguest_data`.
 fn read_ld(vm: &Vm, ld: u64, off: usize) -> Result<u64, Kill> {
-    let mut b = [0u8; 8];
-    if vm.read_guest(ld + off as u64, &mut b).is_err() {
-        return kill!("lguest_data at {ld:#x} is no longer readable");
+    match vm.read_u64(ld + off as u64) {
+        Ok(v) => Ok(v),
+        Err(_) => kill!("lguest_data at {ld:#x} is no longer readable"),
     }
-    Ok(u64::from_le_bytes(b))
 }
 
 /// Writes a u64 field of the vCPU's `lguest_data`.
 fn write_ld(vm: &Vm, ld: u64, off: usize, v: u64) -> Result<(), Kill> {
-    if vm.write_guest(ld + off as u64, &v.to_le_bytes()).is_err() {
+    if vm.write_u64(ld + off as u64, v).is_err() {
         return kill!("lguest_data at {ld:#x} is no longer writable");
     }
     Ok(())
@@ -185,18 +184,7 @@ fn emulate_iret(vm: &mut Vm, index: usize) -> Result<bool, Kill> {
     if vm.read_guest_va(rsp, &mut b).is_err() {
         return Ok(false);
     }
-    let w = |i: usize| {
-        u64::from_le_bytes([
-            b[8 * i],
-            b[8 * i + 1],
-            b[8 * i + 2],
-            b[8 * i + 3],
-            b[8 * i + 4],
-            b[8 * i + 5],
-            b[8 * i + 6],
-            b[8 * i + 7],
-        ])
-    };
+    let w = |i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]));
     let (rip, cs, flags, new_rsp, ss) = (w(0), w(1), w(2), w(3), w(4));
     if cs != uapi::LGUEST_GUEST_CS
         || ss != uapi::LGUEST_GUEST_SS

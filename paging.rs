@@ -70,16 +70,15 @@ pub(crate) enum Fault {
 
 /// Reads one guest page-table entry (8 bytes at guest-physical `gpa`).
 fn read_entry(vm: &Vm, gpa: u64) -> Result<u64, Kill> {
-    let mut b = [0u8; 8];
-    if vm.read_guest(gpa, &mut b).is_err() {
-        return kill!("guest page table entry at {gpa:#x} is not in guest memory");
+    match vm.read_u64(gpa) {
+        Ok(e) => Ok(e),
+        Err(_) => kill!("guest page table entry at {gpa:#x} is not in guest memory"),
     }
-    Ok(u64::from_le_bytes(b))
 }
 
 /// Writes back a guest entry whose A/D bits we set.
 fn write_entry(vm: &Vm, gpa: u64, v: u64) -> Result<(), Kill> {
-    if vm.write_guest(gpa, &v.to_le_bytes()).is_err() {
+    if vm.write_u64(gpa, v).is_err() {
         return kill!("guest page table entry at {gpa:#x} is not writable");
     }
     Ok(())
@@ -132,6 +131,57 @@ pub(crate) fn set_pte(vm: &mut Vm, va: u64) -> Result<(), Kill> {
     Ok(())
 }
 
+/// What a walk of the guest's tables found for one page.
+pub(crate) struct Walk {
+    /// (guest-physical address, value) of the entry read at each level, top
+    /// first; `entries[..=last]` are valid.
+    entries: [(u64, u64); 4],
+    last: usize,
+    /// Guest-physical address of the 4 KiB page that `va` lies in.
+    pub(crate) gpa: u64,
+    /// Writable and no-execute, over all levels.
+    writable: bool,
+    nx: bool,
+}
+
+/// Walks the guest's 4-level tables at `root` for lower-half address `va`.
+/// `Ok(None)`: not present. Entries are read once each and checked; an
+/// entry that points outside guest RAM kills the guest.
+pub(crate) fn walk(vm: &Vm, root: u64, va: u64) -> Result<Option<Walk>, Kill> {
+    let mut table = root;
+    let mut writable = true;
+    let mut nx = false;
+    let mut entries: [(u64, u64); 4] = [(0, 0); 4];
+    for (i, level) in (1..=4u32).rev().enumerate() {
+        let shift = 12 + 9 * (level - 1);
+        let at = table + 8 * ((va >> shift) & 511);
+        let e = read_entry(vm, at)?;
+        if e & PTE_P == 0 {
+            return Ok(None);
+        }
+        entries[i] = (at, e);
+        writable &= e & PTE_RW != 0;
+        nx |= e & PTE_NX != 0;
+        if level == 1 || (e & PTE_PS != 0 && level <= 3) {
+            let size = 1u64 << shift;
+            let base = frame_in_ram(vm, e, size, "page", va)?;
+            let gpa = base + (va & (size - 1) & !(PAGE_SIZE - 1));
+            return Ok(Some(Walk {
+                entries,
+                last: i,
+                gpa,
+                writable,
+                nx,
+            }));
+        }
+        if level == 4 && e & PTE_PS != 0 {
+            return kill!("guest top-level entry {e:#x} for {va:#x} has the page-size bit");
+        }
+        table = frame_in_ram(vm, e, PAGE_SIZE, "table", va)?;
+    }
+    kill!("guest page walk for {va:#x} found no page")
+}
+
 /// Handles a page fault at `va` with hardware error code `error`: walks the
 /// guest's tables and maps the page, or says to reflect the fault.
 pub(crate) fn demand_page(vm: &mut Vm, va: u64, error: u64) -> Result<Fault, Kill> {
@@ -148,34 +198,15 @@ pub(crate) fn demand_page(vm: &mut Vm, va: u64, error: u64) -> Result<Fault, Kil
         return Ok(Fault::Reflect(guest_error(false)));
     }
 
-    let mut table = root;
-    let mut writable = true;
-    let mut nx = false;
-    let mut entries: [(u64, u64); 4] = [(0, 0); 4];
-    let mut leaf = None;
-    for (i, level) in (1..=4u32).rev().enumerate() {
-        let shift = 12 + 9 * (level - 1);
-        let at = table + 8 * ((va >> shift) & 511);
-        let e = read_entry(vm, at)?;
-        if e & PTE_P == 0 {
-            return Ok(Fault::Reflect(guest_error(false)));
-        }
-        entries[i] = (at, e);
-        writable &= e & PTE_RW != 0;
-        nx |= e & PTE_NX != 0;
-        if level == 1 || (e & PTE_PS != 0 && level <= 3) {
-            let size = 1u64 << shift;
-            let base = frame_in_ram(vm, e, size, "page", va)?;
-            leaf = Some((i, base + (va & (size - 1) & !(PAGE_SIZE - 1))));
-            break;
-        }
-        if level == 4 && e & PTE_PS != 0 {
-            return kill!("guest top-level entry {e:#x} for {va:#x} has the page-size bit");
-        }
-        table = frame_in_ram(vm, e, PAGE_SIZE, "table", va)?;
-    }
-    let Some((last, gpa)) = leaf else {
-        return kill!("guest page walk for {va:#x} found no page");
+    let Some(Walk {
+        entries,
+        last,
+        gpa,
+        writable,
+        nx,
+    }) = walk(vm, root, va)?
+    else {
+        return Ok(Fault::Reflect(guest_error(false)));
     };
     if (write && !writable) || (fetch && nx) {
         return Ok(Fault::Reflect(guest_error(true)));

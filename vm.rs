@@ -327,25 +327,8 @@ impl Vm {
         if end > 1 << 47 || (va / PAGE_SIZE) != ((end - 1) / PAGE_SIZE) {
             return None;
         }
-        let mut table = root;
-        for level in (1..=4u32).rev() {
-            let shift = 12 + 9 * (level - 1);
-            let mut b = [0u8; 8];
-            self.read_guest(table + 8 * ((va >> shift) & 511), &mut b)
-                .ok()?;
-            let e = u64::from_le_bytes(b);
-            if e & PTE_P == 0 {
-                return None;
-            }
-            let addr = e & 0x000f_ffff_ffff_f000;
-            if level == 1 || (e & (1 << 7) != 0 && level <= 3) {
-                let size = 1u64 << shift;
-                let gpa = (addr & !(size - 1)) + (va & (size - 1));
-                return (gpa + len as u64 <= self.mem.size()).then_some(gpa);
-            }
-            table = addr;
-        }
-        None
+        let page = paging::walk(self, root, va).ok().flatten()?.gpa;
+        Some(page + va % PAGE_SIZE)
     }
 
     /// Copies guest-virtual memory at `va` into `buf`, page by page.
@@ -408,6 +391,18 @@ impl Vm {
         UserSlice::new(UserPtr::from_addr(addr), buf.len())
             .reader()
             .read_slice(buf)
+    }
+
+    /// Reads the u64 at guest-physical `gpa`.
+    pub(crate) fn read_u64(&self, gpa: u64) -> Result<u64> {
+        let mut b = [0u8; 8];
+        self.read_guest(gpa, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// Writes the u64 `v` at guest-physical `gpa`.
+    pub(crate) fn write_u64(&self, gpa: u64, v: u64) -> Result {
+        self.write_guest(gpa, &v.to_le_bytes())
     }
 
     /// Copies `data` to guest-physical memory at `gpa`.
