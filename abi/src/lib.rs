@@ -5,5 +5,6 @@
 //! crate only re-exports them, so there is exactly one definition.
 #![no_std]
 
+pub mod bus;
 mod uapi;
 pub use uapi::*;

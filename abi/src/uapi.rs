@@ -113,6 +113,35 @@ pub struct LguestIrqfd {
     pub pad: u32,
 }
 
+/// `LGUEST_IOEVENTFD`: bind an eventfd to a notification address, or
+/// unbind it (argument: [`LguestIoeventfd`]). A guest `LHCALL_NOTIFY` whose
+/// first argument is exactly `addr` then signals the eventfd and the guest
+/// continues, without an exit to the launcher (lguest's `LHREQ_EVENTFD`).
+/// Binding an address twice gets `EEXIST`; unbinding one that is not bound
+/// gets `ENOENT`.
+pub const LGUEST_IOEVENTFD: u32 = ioc(
+    IOC_WRITE,
+    LGUEST_IOC_MAGIC,
+    0x48,
+    core::mem::size_of::<LguestIoeventfd>(),
+);
+/// [`LguestIoeventfd::flags`]: remove the binding of `addr`.
+pub const LGUEST_IOEVENTFD_DEASSIGN: u32 = 1;
+/// The most notification addresses bound per VM.
+pub const LGUEST_MAX_IOEVENTFDS: usize = 32;
+
+/// The argument of [`LGUEST_IOEVENTFD`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LguestIoeventfd {
+    /// The guest-physical notification address (inside the device window).
+    pub addr: u64,
+    /// The eventfd (ignored when unbinding).
+    pub fd: i32,
+    /// 0 to bind, [`LGUEST_IOEVENTFD_DEASSIGN`] to unbind.
+    pub flags: u32,
+}
+
 /// The most memory a guest may have (4 GiB): guest-physical addresses stay
 /// far below the switcher, and the initial linear map stays small.
 pub const LGUEST_MAX_MEM: u64 = 4 << 30;
@@ -126,8 +155,9 @@ pub const LGUEST_MAX_VCPUS: u32 = 1;
 /// Guest-physical address `P` is launcher address `mem_base + P` for RAM,
 /// `[0, mem_size)`, and for the device window above it,
 /// `[mem_size, mem_size + device_pages * 4096)`. RAM must be mapped and
-/// writable in the launcher when the VM is created (it is pinned); the
-/// device window is only range-checked for now (devices come later).
+/// writable in the launcher when the VM is created; both are pinned and
+/// both count against `RLIMIT_MEMLOCK`. The device window holds the lguest
+/// bus (`bus.rs`); the guest starts with both mapped linearly.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LguestVmConfig {
@@ -409,6 +439,7 @@ const _: () = {
     use core::mem::{offset_of, size_of};
     assert!(size_of::<LguestVmConfig>() == 72);
     assert!(size_of::<LguestIrqfd>() == 16);
+    assert!(size_of::<LguestIoeventfd>() == 16);
     assert!(size_of::<LguestRegs>() == 18 * 8);
     assert!(size_of::<LguestVcpuRegs>() == 8 + 18 * 8);
     assert!(offset_of!(LguestRun, exit_reason) == 4);

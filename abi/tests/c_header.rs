@@ -27,6 +27,9 @@ fn rust_side() -> BTreeMap<&'static str, u64> {
         ("LGUEST_IRQFD", abi::LGUEST_IRQFD as u64),
         ("LGUEST_IRQFD_DEASSIGN", abi::LGUEST_IRQFD_DEASSIGN as u64),
         ("LGUEST_MAX_IRQFDS", abi::LGUEST_MAX_IRQFDS as u64),
+        ("LGUEST_IOEVENTFD", abi::LGUEST_IOEVENTFD as u64),
+        ("LGUEST_IOEVENTFD_DEASSIGN", abi::LGUEST_IOEVENTFD_DEASSIGN as u64),
+        ("LGUEST_MAX_IOEVENTFDS", abi::LGUEST_MAX_IOEVENTFDS as u64),
         ("LGUEST_MAX_MEM", abi::LGUEST_MAX_MEM),
         ("LGUEST_MAX_DEVICE_PAGES", abi::LGUEST_MAX_DEVICE_PAGES),
         ("LGUEST_MAX_VCPUS", abi::LGUEST_MAX_VCPUS as u64),
@@ -137,6 +140,11 @@ fn rust_layout() -> BTreeMap<String, u64> {
         abi::LguestIrqfd,
         [fd, irq, flags, pad]
     ));
+    all.extend(layout!(
+        "lguest_ioeventfd",
+        abi::LguestIoeventfd,
+        [addr, fd, flags]
+    ));
     all.extend(layout!("hcall_args", abi::HcallArgs, [arg0, arg4]));
     all.extend(layout!(
         "lguest_data",
@@ -190,6 +198,7 @@ const STRUCTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("lguest_irqfd", &["fd", "irq", "flags", "pad"]),
+    ("lguest_ioeventfd", &["addr", "fd", "flags"]),
     ("hcall_args", &["arg0", "arg4"]),
     (
         "lguest_data",

@@ -77,6 +77,15 @@ struct lguest_irqfd {
 	__u32 pad;		/* must be 0 */
 };
 
+#define LGUEST_IOEVENTFD_DEASSIGN	1
+#define LGUEST_MAX_IOEVENTFDS	32
+
+struct lguest_ioeventfd {
+	__u64 addr;		/* guest-physical notification address */
+	__s32 fd;		/* an eventfd */
+	__u32 flags;		/* 0 or LGUEST_IOEVENTFD_DEASSIGN */
+};
+
 #define LGUEST_GET_API_VERSION	_IO(LGUEST_IOC_MAGIC, 0x40)
 #define LGUEST_CREATE_VM	_IOW(LGUEST_IOC_MAGIC, 0x41, struct lguest_vm_config)
 #define LGUEST_CREATE_VCPU	_IO(LGUEST_IOC_MAGIC, 0x42)
@@ -85,6 +94,7 @@ struct lguest_irqfd {
 #define LGUEST_SET_REGS		_IOW(LGUEST_IOC_MAGIC, 0x45, struct lguest_vcpu_regs)
 #define LGUEST_IRQ		_IO(LGUEST_IOC_MAGIC, 0x46)
 #define LGUEST_IRQFD		_IOW(LGUEST_IOC_MAGIC, 0x47, struct lguest_irqfd)
+#define LGUEST_IOEVENTFD	_IOW(LGUEST_IOC_MAGIC, 0x48, struct lguest_ioeventfd)
 
 /* The guest ABI: hypercalls are made with `int $LGUEST_TRAP_ENTRY`. */
 #define LGUEST_TRAP_ENTRY	0x1F
