@@ -7,7 +7,8 @@
 //! hypercall arguments), which takes the mm's `mmap_lock`; mmap runs with
 //! `mmap_lock` held, so it must not take the VM mutex. It uses `runs`, the
 //! run pages, a leaf lock. Lock order: `vm` -> `mmap_lock` -> `runs`, and
-//! `vm` -> `runs`; `irqfds` is never held with another of ours. Unknown
+//! `vm` -> `runs`, and `vm` -> the notifier table (`notify.rs`); `irqfds`
+//! is never held with another of ours. Unknown
 //! commands get `ENOTTY`, malformed arguments `EINVAL`, unreadable ones
 //! `EFAULT`.
 //!
@@ -46,8 +47,10 @@ use crate::{
         VcpuIrq, //
     },
     mm::HostPage,
+    notify::Notifiers,
     uapi::{
         self,
+        LguestIoeventfd,
         LguestIrqfd,
         LguestVcpuRegs,
         LguestVmConfig, //
@@ -57,6 +60,9 @@ use crate::{
 
 // SAFETY: `LguestIrqfd` is `repr(C)`, four 32-bit integers, no padding.
 unsafe impl FromBytes for LguestIrqfd {}
+// SAFETY: `LguestIoeventfd` is `repr(C)`: a u64 then two 32-bit integers,
+// 16 bytes (asserted in uapi.rs), no padding.
+unsafe impl FromBytes for LguestIoeventfd {}
 // SAFETY: `LguestVmConfig` is `repr(C)` with only integer fields and no
 // padding (its size is asserted in uapi.rs), so any bytes are a valid value.
 unsafe impl FromBytes for LguestVmConfig {}
@@ -79,6 +85,8 @@ pub(crate) struct LguestFile {
     /// Eventfds bound to interrupts. Never held with `vm`.
     #[pin]
     irqfds: Mutex<KVec<IrqFd>>,
+    /// Notification addresses bound to eventfds; shared with the VM.
+    notifiers: Arc<Notifiers>,
 }
 
 impl LguestFile {
@@ -93,7 +101,7 @@ impl LguestFile {
         if vm.is_some() {
             return Err(EEXIST);
         }
-        *vm = Some(Vm::create(&cfg)?);
+        *vm = Some(Vm::create(&cfg, self.notifiers.clone())?);
         *self.runs.lock() = Some(KVec::new());
         Ok(0)
     }
@@ -163,6 +171,17 @@ impl LguestFile {
         Ok(0)
     }
 
+    fn ioeventfd(&self, arg: usize) -> Result<isize> {
+        let req: LguestIoeventfd = UserSlice::new(
+            UserPtr::from_addr(arg),
+            core::mem::size_of::<LguestIoeventfd>(),
+        )
+        .reader()
+        .read()?;
+        self.notifiers.ioctl(&req)?;
+        Ok(0)
+    }
+
     fn set_regs(&self, arg: usize) -> Result<isize> {
         let req: LguestVcpuRegs = UserSlice::new(
             UserPtr::from_addr(arg),
@@ -187,12 +206,14 @@ impl MiscDevice for LguestFile {
 
     fn open(_file: &File, _misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
         let irq = VcpuIrq::new()?;
+        let notifiers = Notifiers::new()?;
         KBox::try_pin_init(
             try_pin_init!(LguestFile {
                 vm <- new_mutex!(None, "LguestFile::vm"),
                 runs <- new_mutex!(None, "LguestFile::runs"),
                 irq,
                 irqfds <- new_mutex!(KVec::new(), "LguestFile::irqfds"),
+                notifiers,
             }),
             GFP_KERNEL,
         )
@@ -209,6 +230,7 @@ impl MiscDevice for LguestFile {
             uapi::LGUEST_GET_REGS => this.get_regs(arg),
             uapi::LGUEST_SET_REGS => this.set_regs(arg),
             uapi::LGUEST_IRQFD => this.irqfd(arg),
+            uapi::LGUEST_IOEVENTFD => this.ioeventfd(arg),
             uapi::LGUEST_IRQ => {
                 if arg >= uapi::LGUEST_IRQS {
                     return Err(EINVAL);

@@ -164,6 +164,8 @@ fn dispatch(
         uapi::LHCALL_FLUSH_ASYNC | uapi::LHCALL_SEND_INTERRUPTS => Ok(None),
         uapi::LHCALL_LGUEST_INIT => init(vm, index, a.arg1).map(|()| None),
         uapi::LHCALL_SHUTDOWN => shutdown(vm, a.arg1, a.arg2).map(Some),
+        // A bound address wakes its device thread; the guest goes on.
+        uapi::LHCALL_NOTIFY if vm.notifiers.signal(a.arg1) => Ok(None),
         uapi::LHCALL_NOTIFY => Ok(Some(UserExit::Notify {
             addr: a.arg1,
             arg: a.arg2,

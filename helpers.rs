@@ -42,6 +42,9 @@ mod ffi {
         ) -> *mut core::ffi::c_void;
         pub(super) fn lg_irqfd_detach(irqfd: *mut core::ffi::c_void);
         pub(super) fn lg_irqfd_matches(irqfd: *mut core::ffi::c_void, fd: i32) -> bool;
+        pub(super) fn lg_eventfd_get(fd: i32, err: *mut i32) -> *mut core::ffi::c_void;
+        pub(super) fn lg_eventfd_signal(ctx: *mut core::ffi::c_void);
+        pub(super) fn lg_eventfd_put(ctx: *mut core::ffi::c_void);
         pub(super) fn lguest_switch_to_guest(block: *mut u8);
         pub(super) fn lguest_deliver_to_host(handler: usize);
         pub(super) static lguest_switcher_start: u8;
@@ -220,6 +223,43 @@ pub(crate) unsafe fn irqfd_detach(irqfd: *mut core::ffi::c_void) {
 pub(crate) unsafe fn irqfd_matches(irqfd: *mut core::ffi::c_void, fd: i32) -> bool {
     // SAFETY: Guaranteed by the caller.
     unsafe { ffi::lg_irqfd_matches(irqfd, fd) }
+}
+
+/// A reference to an eventfd (`struct eventfd_ctx`), dropped with the value.
+pub(crate) struct EventFd(*mut core::ffi::c_void);
+
+// SAFETY: An eventfd context is reference counted and `eventfd_signal` may
+// be called from any thread; the pointer is never dereferenced in Rust.
+unsafe impl Send for EventFd {}
+// SAFETY: As above: `&EventFd` only allows signalling, which is thread-safe.
+unsafe impl Sync for EventFd {}
+
+impl EventFd {
+    /// Takes a reference to the eventfd behind file descriptor `fd` of the
+    /// current process (`EBADF`, or `EINVAL` when it is not an eventfd).
+    pub(crate) fn get(fd: i32) -> kernel::error::Result<Self> {
+        let mut err = 0i32;
+        // SAFETY: `err` is a valid out-parameter; `fd` is any integer (the
+        // C side looks it up in the current task's file table).
+        let p = unsafe { ffi::lg_eventfd_get(fd, &mut err) };
+        if p.is_null() {
+            return Err(kernel::error::Error::from_errno(err));
+        }
+        Ok(Self(p))
+    }
+
+    /// Adds one to the eventfd's count and wakes its readers.
+    pub(crate) fn signal(&self) {
+        // SAFETY: `self.0` is a live reference taken by `get`.
+        unsafe { ffi::lg_eventfd_signal(self.0) }
+    }
+}
+
+impl Drop for EventFd {
+    fn drop(&mut self) {
+        // SAFETY: `self.0` is the reference `get` took; it is put once.
+        unsafe { ffi::lg_eventfd_put(self.0) }
+    }
 }
 
 /// The current CPU's CR4.

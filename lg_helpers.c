@@ -211,6 +211,32 @@ bool lg_irqfd_matches(struct lg_irqfd *irqfd, int fd)
 	return same;
 }
 
+/*
+ * ioeventfd: a reference to an eventfd that the run loop signals when the
+ * guest notifies an address bound to it (notify.rs).
+ */
+struct eventfd_ctx *lg_eventfd_get(int fd, int *err)
+{
+	struct eventfd_ctx *ctx = eventfd_ctx_fdget(fd);
+
+	if (IS_ERR(ctx)) {
+		*err = PTR_ERR(ctx);
+		return NULL;
+	}
+	*err = 0;
+	return ctx;
+}
+
+void lg_eventfd_signal(struct eventfd_ctx *ctx)
+{
+	eventfd_signal(ctx);
+}
+
+void lg_eventfd_put(struct eventfd_ctx *ctx)
+{
+	eventfd_ctx_put(ctx);
+}
+
 /* The current task's address space, with a reference (mmgrab). */
 struct mm_struct *lg_current_mm_grab(void)
 {

@@ -32,6 +32,7 @@ mod host;
 mod interrupts;
 mod irq;
 mod mm;
+mod notify;
 mod paging;
 mod switcher;
 mod vm;

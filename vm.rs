@@ -46,6 +46,7 @@ use crate::{
         PTE_RW,
         PTE_US, //
     },
+    notify::Notifiers,
     paging::{
         self,
         Fault, //
@@ -111,12 +112,14 @@ pub(crate) struct Vm {
     /// The address space that created the VM: guest memory is its memory,
     /// so only it may run the guest (as lguest required).
     owner: helpers::MmRef,
+    /// Notification addresses bound to eventfds (`LGUEST_IOEVENTFD`).
+    pub(crate) notifiers: Arc<Notifiers>,
 }
 
 impl Vm {
-    /// Validates `cfg` and builds the VM: pins RAM, builds the shadow table
-    /// with the initial linear map and the switcher.
-    pub(crate) fn create(cfg: &LguestVmConfig) -> Result<Self> {
+    /// Validates `cfg` and builds the VM: pins RAM and the device window,
+    /// builds the shadow table with the initial linear map and the switcher.
+    pub(crate) fn create(cfg: &LguestVmConfig, notifiers: Arc<Notifiers>) -> Result<Self> {
         let sw = Switcher::get()?;
         let page_mask = PAGE_SIZE - 1;
         if cfg.flags != 0 || cfg.reserved0 != 0 || cfg.reserved.iter().any(|&r| r != 0) {
@@ -145,10 +148,13 @@ impl Vm {
         }
 
         let owner = helpers::MmRef::current().ok_or(EINVAL)?;
-        // Pinned guest RAM counts as the launcher's locked memory.
-        let npages = (cfg.mem_size / PAGE_SIZE) as usize;
+        // Guest memory is RAM and the device window above it (the lguest
+        // bus: device table and whatever else the launcher shares there).
+        // All of it is pinned and counts as the launcher's locked memory.
+        let size = cfg.mem_size + cfg.device_pages * PAGE_SIZE;
+        let npages = (size / PAGE_SIZE) as usize;
         owner.account_locked(npages, true)?;
-        let mem = match GuestMemory::pin(cfg.mem_base, cfg.mem_size) {
+        let mem = match GuestMemory::pin(cfg.mem_base, size) {
             Ok(mem) => mem,
             Err(e) => {
                 let _ = owner.account_locked(npages, false);
@@ -157,10 +163,11 @@ impl Vm {
         };
         let mut shadow = ShadowTable::new(sw.levels())?;
         // The initial linear map: guest-virtual = guest-physical for RAM
-        // above the first megabyte (so that null pointers fault).
+        // above the first megabyte (so that null pointers fault) and the
+        // device window.
         let user = PTE_P | PTE_RW | PTE_US;
         let mut gfn = uapi::LGUEST_LOAD_MIN / PAGE_SIZE;
-        while gfn * PAGE_SIZE < cfg.mem_size {
+        while gfn * PAGE_SIZE < size {
             let phys = mem.host_phys(gfn).ok_or(EFAULT)?;
             shadow.map(gfn * PAGE_SIZE, phys | user | PTE_A | PTE_D, user)?;
             gfn += 1;
@@ -174,6 +181,7 @@ impl Vm {
             dead: None,
             guest_root: None,
             owner,
+            notifiers,
         })
     }
 

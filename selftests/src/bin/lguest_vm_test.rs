@@ -216,6 +216,113 @@ fn shadow_paging_faults() -> TestResult {
     Ok(())
 }
 
+// A guest for the ioeventfd test: RBX holds the device window's address
+// (guest-physical = guest-virtual on the initial linear map). It kicks the
+// address RBX+48 (the bus's first queue of device 0) 100 times, writes a
+// marker into the device window, notifies RBX itself, then powers off.
+core::arch::global_asm!(
+    ".pushsection .rodata.lguest_guest_notify, \"a\"",
+    ".globl lguest_guest_notify_start",
+    ".globl lguest_guest_notify_end",
+    "lguest_guest_notify_start:",
+    "mov esp, 0x170000",
+    "mov eax, 1",
+    "mov edi, 0x180000",
+    "int 0x1f",
+    "mov ecx, 100",
+    "2: mov eax, 17",
+    "lea rdi, [rbx + 48]",
+    "int 0x1f",
+    "dec ecx",
+    "jnz 2b",
+    "mov qword ptr [rbx + 8], 0x5eed",
+    "mov eax, 17",
+    "mov rdi, rbx",
+    "int 0x1f",
+    "mov eax, 2",
+    "mov edi, 0x181000",
+    "mov esi, 1",
+    "int 0x1f",
+    "3: jmp 3b",
+    "lguest_guest_notify_end:",
+    ".popsection",
+);
+
+extern "C" {
+    static lguest_guest_notify_start: u8;
+    static lguest_guest_notify_end: u8;
+}
+
+/// The bytes of the ioeventfd guest.
+fn guest_notify() -> Vec<u8> {
+    // SAFETY: Both symbols delimit the bytes assembled above, in a
+    // read-only section of this program.
+    unsafe {
+        let start = std::ptr::addr_of!(lguest_guest_notify_start);
+        let end = std::ptr::addr_of!(lguest_guest_notify_end);
+        std::slice::from_raw_parts(start, end as usize - start as usize).to_vec()
+    }
+}
+
+/// LGUEST_IOEVENTFD: 100 kicks of a bound address signal the eventfd 100
+/// times without one exit to userspace (the first RUN returns for the
+/// unbound address after them); the device window is guest memory, mapped
+/// linearly; bad arguments get their errors and the table is bounded.
+fn ioeventfd_kicks() -> TestResult {
+    let vm = TestVm::with_window(&guest_notify(), 1)?;
+    let window = MEM as u64;
+    let mut r = abi::LguestVcpuRegs::default();
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_GET_REGS, &mut r), Ok(0), "GET_REGS");
+    r.regs.rbx = window;
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_SET_REGS, &mut r), Ok(0), "SET_REGS");
+    // SAFETY: creating an eventfd has no preconditions.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    check!(efd >= 0, "eventfd: {}", t::errname(t::errno()));
+    let mut req = abi::LguestIoeventfd { addr: window + 48, fd: efd, flags: 0 };
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_IOEVENTFD, &mut req), Ok(0), "bind");
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_IOEVENTFD, &mut req), Err(libc::EEXIST), "binding twice");
+    let bad = [
+        (abi::LguestIoeventfd { addr: window + 56, flags: 2, ..req }, libc::EINVAL, "unknown flag"),
+        (abi::LguestIoeventfd { addr: window + 56, fd: -1, ..req }, libc::EINVAL, "fd -1"),
+        (abi::LguestIoeventfd { addr: window + 56, fd: 999, ..req }, libc::EBADF, "closed fd"),
+        (abi::LguestIoeventfd { addr: window + 56, fd: 0, ..req }, libc::EINVAL, "not an eventfd"),
+        (abi::LguestIoeventfd { addr: 1 << 47, ..req }, libc::EINVAL, "address in the upper half"),
+        (
+            abi::LguestIoeventfd { addr: window + 56, flags: abi::LGUEST_IOEVENTFD_DEASSIGN, ..req },
+            libc::ENOENT,
+            "unbinding what is not bound",
+        ),
+    ];
+    for (mut b, want, what) in bad {
+        check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_IOEVENTFD, &mut b), Err(want), what);
+    }
+    check_eq!(vm.run(), Ok(0), "RUN");
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_NOTIFY, format!("first exit ({})", vm.message()));
+    check_eq!(vm.run_page().read::<u64>(8), window, "the first exit is the unbound notification");
+    let hypercalls: u64 = vm.run_page().read(40);
+    check!(hypercalls >= 102, "only {hypercalls} hypercalls counted");
+    let mut count = [0u8; 8];
+    // SAFETY: reading 8 bytes into a valid buffer from our eventfd.
+    let n = unsafe { libc::read(efd, count.as_mut_ptr().cast(), 8) };
+    check_eq!(n, 8, "eventfd read");
+    check_eq!(u64::from_ne_bytes(count), 100, "eventfd count after 100 kicks");
+    check_eq!(vm.mem.read::<u64>(MEM + 8), 0x5eed, "the guest's write into the device window");
+    check_eq!(vm.run(), Ok(0), "RUN");
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_SHUTDOWN, format!("second exit ({})", vm.message()));
+    // The table is bounded.
+    req.flags = abi::LGUEST_IOEVENTFD_DEASSIGN;
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_IOEVENTFD, &mut req), Ok(0), "unbind");
+    for i in 0..abi::LGUEST_MAX_IOEVENTFDS as u64 {
+        let mut b = abi::LguestIoeventfd { addr: window + 8 * i, fd: efd, flags: 0 };
+        check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_IOEVENTFD, &mut b), Ok(0), format!("binding {i}"));
+    }
+    let mut b = abi::LguestIoeventfd { addr: window + 4000, fd: efd, flags: 0 };
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_IOEVENTFD, &mut b), Err(libc::ENOSPC), "one binding too many");
+    // SAFETY: closing our own fd (the bindings keep their own references).
+    unsafe { libc::close(efd) };
+    Ok(())
+}
+
 /// A VM built from a code blob: the file, its memory and its run page.
 struct TestVm {
     f: File,
@@ -241,11 +348,19 @@ fn open() -> Result<File, t::NotPassed> {
 
 impl TestVm {
     fn new(code: &[u8]) -> Result<Self, t::NotPassed> {
+        Self::with_window(code, 0)
+    }
+
+    /// A VM with `device_pages` pages of device window above its RAM.
+    fn with_window(code: &[u8], device_pages: u64) -> Result<Self, t::NotPassed> {
         let f = open()?;
-        let mem = Mapping::anon(MEM).map_err(|e| t::NotPassed::Fail(format!("mmap: {e}")))?;
+        let len = MEM + device_pages as usize * 4096;
+        let mem = Mapping::anon(len).map_err(|e| t::NotPassed::Fail(format!("mmap: {e}")))?;
         mem.write(CODE as usize, code);
         mem.write(MSG as usize, b"bye\0");
         let mut cfg = config(&mem, CODE);
+        cfg.mem_size = MEM as u64;
+        cfg.device_pages = device_pages;
         if let Err(e) = t::ioctl_ptr(&f, abi::LGUEST_CREATE_VM, &mut cfg) {
             fail!("CREATE_VM: {}", t::errname(e));
         }
@@ -810,6 +925,7 @@ fn main() -> ExitCode {
         ("halt_sleeps_irq_wakes", halt_sleeps_irq_wakes),
         ("irqfd_wakes_halted_guest", irqfd_wakes_halted_guest),
         ("irqfd_signalled_before_bind", irqfd_signalled_before_bind),
+        ("ioeventfd_kicks", ioeventfd_kicks),
         ("kicks_100000", kicks_100000),
     ])
 }
