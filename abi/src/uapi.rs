@@ -337,7 +337,10 @@ pub const LHCALL_FLUSH_TLB: u64 = 5;
 /// gate type, 0xE (interrupt gate: delivery turns virtual interrupts off)
 /// or 0xF (trap gate).
 pub const LHCALL_LOAD_IDT_ENTRY: u64 = 6;
-/// Hypercall: set the stack used when the guest kernel is entered.
+/// Hypercall: set the guest kernel's stack (argument: its top, a
+/// guest-virtual address): where the host puts the frame of an interrupt,
+/// exception or system call that arrives while the guest is in user mode
+/// (what `TSS.RSP0` is on hardware).
 pub const LHCALL_SET_STACK: u64 = 7;
 /// Hypercall: set or clear the virtual CR0.TS bit.
 pub const LHCALL_TS: u64 = 8;
@@ -359,6 +362,41 @@ pub const LHCALL_NOTIFY: u64 = 17;
 pub const LHCALL_LOAD_GDT_ENTRY: u64 = 18;
 /// Hypercall: do nothing but exit, so pending interrupts are delivered now.
 pub const LHCALL_SEND_INTERRUPTS: u64 = 19;
+/// Hypercall: return from the guest kernel to guest user mode (the guest's
+/// `iretq`/`sysretq` to user space). Takes no register arguments: the
+/// guest kernel restores every user register except RAX, pushes
+/// [`LguestIretUser`] on its stack and makes the call with RSP pointing at
+/// it. The host loads RAX, RIP, RFLAGS and RSP from the frame, switches to
+/// the guest's user address space (only guest pages with the U/S bit set at
+/// every level are reachable there) and turns virtual interrupts on (user
+/// mode always runs with them on). Needs the guest's own page tables
+/// (`LHCALL_NEW_PGTABLE`) and a kernel stack (`LHCALL_SET_STACK`).
+pub const LHCALL_IRET_USER: u64 = 20;
+
+/// The frame of [`LHCALL_IRET_USER`], at the guest kernel's RSP.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LguestIretUser {
+    /// User RAX.
+    pub rax: u64,
+    /// User RIP (a lower-half address).
+    pub rip: u64,
+    /// User RFLAGS (clamped as for `LGUEST_SET_REGS`; IF is implied).
+    pub rflags: u64,
+    /// User RSP (a lower-half address).
+    pub rsp: u64,
+}
+
+/// The CS value in an interrupt or exception frame that the host pushes
+/// on the guest kernel's stack when the guest was in **user** mode (frames
+/// from kernel mode carry [`LGUEST_GUEST_CS`]). It is a marker, not a
+/// usable selector: such a frame is returned through with
+/// [`LHCALL_IRET_USER`], never with `iretq`.
+pub const LGUEST_USER_CS: u64 = 0x3b;
+/// The system-call vector of guest user mode: `int $0x80` from user mode
+/// enters the guest kernel through its IDT entry 0x80 (with the return
+/// address after the instruction), like any other interrupt from user mode.
+pub const LGUEST_SYSCALL_VECTOR: u8 = 0x80;
 
 /// Number of entries in the async hypercall ring.
 pub const LHCALL_RING_SIZE: usize = 64;
@@ -440,6 +478,7 @@ const _: () = {
     assert!(size_of::<LguestVmConfig>() == 72);
     assert!(size_of::<LguestIrqfd>() == 16);
     assert!(size_of::<LguestIoeventfd>() == 16);
+    assert!(size_of::<LguestIretUser>() == 32);
     assert!(size_of::<LguestRegs>() == 18 * 8);
     assert!(size_of::<LguestVcpuRegs>() == 8 + 18 * 8);
     assert!(offset_of!(LguestRun, exit_reason) == 4);

@@ -47,6 +47,8 @@ fn rust_side() -> BTreeMap<&'static str, u64> {
         ("LGUEST_LOAD_MIN", abi::LGUEST_LOAD_MIN),
         ("LGUEST_GUEST_CS", abi::LGUEST_GUEST_CS),
         ("LGUEST_GUEST_SS", abi::LGUEST_GUEST_SS),
+        ("LGUEST_USER_CS", abi::LGUEST_USER_CS),
+        ("LGUEST_SYSCALL_VECTOR", abi::LGUEST_SYSCALL_VECTOR as u64),
         ("LHCALL_RING_SIZE", abi::LHCALL_RING_SIZE as u64),
         ("LHCALL_STATUS_DONE", abi::LHCALL_STATUS_DONE as u64),
         ("X86_EFLAGS_IF", abi::X86_EFLAGS_IF),
@@ -68,6 +70,7 @@ fn rust_side() -> BTreeMap<&'static str, u64> {
         ("LHCALL_NOTIFY", abi::LHCALL_NOTIFY),
         ("LHCALL_LOAD_GDT_ENTRY", abi::LHCALL_LOAD_GDT_ENTRY),
         ("LHCALL_SEND_INTERRUPTS", abi::LHCALL_SEND_INTERRUPTS),
+        ("LHCALL_IRET_USER", abi::LHCALL_IRET_USER),
     ])
 }
 
@@ -145,6 +148,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
         abi::LguestIoeventfd,
         [addr, fd, flags]
     ));
+    all.extend(layout!("lguest_iret_user", abi::LguestIretUser, [rax, rip, rflags, rsp]));
     all.extend(layout!("hcall_args", abi::HcallArgs, [arg0, arg4]));
     all.extend(layout!(
         "lguest_data",
@@ -199,6 +203,7 @@ const STRUCTS: &[(&str, &[&str])] = &[
     ),
     ("lguest_irqfd", &["fd", "irq", "flags", "pad"]),
     ("lguest_ioeventfd", &["addr", "fd", "flags"]),
+    ("lguest_iret_user", &["rax", "rip", "rflags", "rsp"]),
     ("hcall_args", &["arg0", "arg4"]),
     (
         "lguest_data",

@@ -102,6 +102,8 @@ struct lguest_ioeventfd {
 #define LGUEST_LOAD_MIN		0x100000
 #define LGUEST_GUEST_CS		0x33
 #define LGUEST_GUEST_SS		0x2b
+#define LGUEST_USER_CS		0x3b	/* marks frames from guest user mode */
+#define LGUEST_SYSCALL_VECTOR	0x80
 
 #define LHCALL_FLUSH_ASYNC	0
 #define LHCALL_LGUEST_INIT	1
@@ -120,6 +122,15 @@ struct lguest_ioeventfd {
 #define LHCALL_NOTIFY		17
 #define LHCALL_LOAD_GDT_ENTRY	18
 #define LHCALL_SEND_INTERRUPTS	19
+#define LHCALL_IRET_USER	20
+
+/* The frame of LHCALL_IRET_USER, at the guest kernel's RSP. */
+struct lguest_iret_user {
+	__u64 rax;
+	__u64 rip;
+	__u64 rflags;
+	__u64 rsp;
+};
 
 #define LHCALL_RING_SIZE	64
 #define LHCALL_STATUS_DONE	0xFF
