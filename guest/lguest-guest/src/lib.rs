@@ -34,6 +34,11 @@
 //! ```
 #![no_std]
 
+#[cfg(feature = "alloc")]
+extern crate alloc;
+
+#[cfg(feature = "virtio")]
+pub mod bus;
 pub mod cell;
 pub mod clock;
 pub mod cmdline;
@@ -42,11 +47,17 @@ pub mod cstr;
 pub mod data;
 pub mod entry;
 pub mod hcall;
+#[cfg(feature = "alloc")]
+pub mod heap;
 pub mod interrupts;
+#[cfg(feature = "net")]
+pub mod net;
 pub mod panic;
 pub mod paravirt;
 pub mod shutdown;
 pub mod start;
+#[cfg(feature = "virtio")]
+pub mod virtio;
 
 pub use cmdline::Args;
 pub use hcall::hcall;

@@ -10,6 +10,7 @@
 //! [`boot`] with the guest's `main`. Nothing here uses the incoming stack.
 
 use core::arch::global_asm;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::entry::Main;
 use crate::{cmdline, data};
@@ -58,8 +59,19 @@ global_asm!(
 /// anything else), reads the command line, and runs `main`.
 pub fn boot<M: Main>(cmdline_pa: u64, mem_size: u64, main: M) -> ! {
     data::init();
+    RAM_SIZE.store(mem_size, Ordering::Relaxed);
     let args = cmdline::init(cmdline_pa, mem_size);
     main.run(args)
+}
+
+/// Bytes of guest RAM, from RSI at entry (0 before [`boot`]).
+static RAM_SIZE: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes of guest RAM, as the launcher gave them at entry: RAM is
+/// guest-physical `[0, ram_size())`, and the lguest bus's device window
+/// starts right above it.
+pub fn ram_size() -> u64 {
+    RAM_SIZE.load(Ordering::Relaxed)
 }
 
 extern "C" {
