@@ -76,6 +76,7 @@ fn name(nr: u64) -> &'static str {
         uapi::LHCALL_NOTIFY => "NOTIFY",
         uapi::LHCALL_LOAD_GDT_ENTRY => "LOAD_GDT_ENTRY",
         uapi::LHCALL_SEND_INTERRUPTS => "SEND_INTERRUPTS",
+        uapi::LHCALL_IRET_USER => "IRET_USER",
         _ => "unknown",
     }
 }
@@ -94,7 +95,10 @@ pub(crate) fn do_hypercalls(vm: &mut Vm, index: usize) -> Result<Option<UserExit
         arg4: regs.r10,
     };
     let exit = dispatch(vm, index, &args, false)?;
-    vm.vcpus[index].cpu.regs.rax = 0;
+    // IRET_USER loaded the user's RAX: leave it.
+    if !vm.vcpus[index].user_mode {
+        vm.vcpus[index].cpu.regs.rax = 0;
+    }
     Ok(exit)
 }
 
@@ -153,9 +157,10 @@ fn dispatch(
     if vm.vcpus[index].lguest_data.is_none() && nr != uapi::LHCALL_LGUEST_INIT {
         return kill!("hypercall {nr} ({}) before LGUEST_INIT", name(nr));
     }
+    // Calls that end the turn or change the vCPU's mode and registers.
     let needs_launcher = matches!(
         nr,
-        uapi::LHCALL_SHUTDOWN | uapi::LHCALL_NOTIFY | uapi::LHCALL_HALT
+        uapi::LHCALL_SHUTDOWN | uapi::LHCALL_NOTIFY | uapi::LHCALL_HALT | uapi::LHCALL_IRET_USER
     );
     if in_ring && needs_launcher {
         return kill!("hypercall {} is not allowed in the async ring", name(nr));
@@ -188,14 +193,59 @@ fn dispatch(
         uapi::LHCALL_FLUSH_TLB | uapi::LHCALL_SET_PMD | uapi::LHCALL_SET_PGD => {
             paging::flush(vm).map(|()| None)
         }
-        uapi::LHCALL_SET_STACK
-        | uapi::LHCALL_TS
-        | uapi::LHCALL_LOAD_TLS
-        | uapi::LHCALL_LOAD_GDT_ENTRY => {
+        uapi::LHCALL_SET_STACK => {
+            if a.arg1 == 0 || a.arg1 >= 1 << 47 {
+                return kill!("SET_STACK: bad kernel stack {:#x}", a.arg1);
+            }
+            vm.vcpus[index].kernel_stack = a.arg1;
+            Ok(None)
+        }
+        uapi::LHCALL_IRET_USER => iret_user(vm, index).map(|()| None),
+        uapi::LHCALL_TS | uapi::LHCALL_LOAD_TLS | uapi::LHCALL_LOAD_GDT_ENTRY => {
             kill!("hypercall {} is not supported by this host yet", name(nr))
         }
         _ => kill!("bad hypercall {nr}"),
     }
+}
+
+/// `LHCALL_IRET_USER`: the guest kernel returns to user mode through the
+/// [`uapi::LguestIretUser`] frame at its RSP.
+fn iret_user(vm: &mut Vm, index: usize) -> Result<(), Kill> {
+    if vm.guest_root.is_none() {
+        return kill!("IRET_USER before NEW_PGTABLE: user mode needs the guest's own page tables");
+    }
+    if vm.vcpus[index].kernel_stack == 0 {
+        return kill!("IRET_USER before SET_STACK: user mode needs a kernel stack");
+    }
+    let rsp = vm.vcpus[index].cpu.regs.rsp;
+    let mut b = [0u8; core::mem::size_of::<uapi::LguestIretUser>()];
+    if vm.read_guest_va(rsp, &mut b).is_err() {
+        return kill!("IRET_USER: the frame at {rsp:#x} is not mapped");
+    }
+    let w = |i: usize| {
+        let mut v = [0u8; 8];
+        v.copy_from_slice(&b[8 * i..8 * i + 8]);
+        u64::from_le_bytes(v)
+    };
+    let (rax, rip, rflags, user_rsp) = (w(0), w(1), w(2), w(3));
+    if rip >= 1 << 47 || user_rsp >= 1 << 47 {
+        return kill!("IRET_USER: bad user rip {rip:#x} or rsp {user_rsp:#x}");
+    }
+    // User mode runs with virtual interrupts on.
+    let Some(ld) = vm.vcpus[index].lguest_data else {
+        return kill!("IRET_USER before LGUEST_INIT");
+    };
+    let at = ld + offset_of!(LguestData, irq_enabled) as u64;
+    if vm.write_u64(at, uapi::X86_EFLAGS_IF).is_err() {
+        return kill!("lguest_data at {ld:#x} is no longer writable");
+    }
+    let v = &mut vm.vcpus[index];
+    v.cpu.regs.rax = rax;
+    v.cpu.regs.rip = rip;
+    v.cpu.regs.rsp = user_rsp;
+    v.cpu.regs.rflags = crate::switcher::GuestCpu::sanitize_flags(rflags);
+    v.user_mode = true;
+    Ok(())
 }
 
 /// `LHCALL_LGUEST_INIT(gpa)`: the guest registers its `lguest_data`.

@@ -120,6 +120,11 @@ fn set_irq_pending(vm: &mut Vm, index: usize, ld: u64, on: bool) -> Result<(), K
 
 /// Delivers `vector` to the guest's handler, with `error` pushed if the
 /// vector has one. `Ok(false)`: the guest has no handler for it.
+///
+/// From guest kernel mode the frame goes on the current stack. From guest
+/// user mode it goes on the kernel stack (`LHCALL_SET_STACK`), its CS is
+/// [`uapi::LGUEST_USER_CS`], and the guest is in kernel mode afterwards
+/// (the kernel shadow table is used from the next entry on).
 pub(crate) fn deliver(vm: &mut Vm, index: usize, vector: u64, error: u64) -> Result<bool, Kill> {
     let gate = vm.vcpus[index].idt[(vector & 255) as usize];
     if gate.handler == 0 {
@@ -128,36 +133,45 @@ pub(crate) fn deliver(vm: &mut Vm, index: usize, vector: u64, error: u64) -> Res
     let Some(ld) = vm.vcpus[index].lguest_data else {
         return Ok(false);
     };
-    let irq_enabled = read_ld(vm, ld, offset_of!(LguestData, irq_enabled))?;
+    let user_mode = vm.vcpus[index].user_mode;
     let regs = vm.vcpus[index].cpu.regs;
-    let flags = (regs.rflags & !uapi::X86_EFLAGS_IF) | (irq_enabled & uapi::X86_EFLAGS_IF);
+    let (stack, cs, flags) = if user_mode {
+        let stack = vm.vcpus[index].kernel_stack;
+        if stack == 0 {
+            return kill!("vector {vector} in user mode, but no kernel stack (SET_STACK)");
+        }
+        // User mode always runs with virtual interrupts on.
+        (
+            stack,
+            uapi::LGUEST_USER_CS,
+            regs.rflags | uapi::X86_EFLAGS_IF,
+        )
+    } else {
+        let irq_enabled = read_ld(vm, ld, offset_of!(LguestData, irq_enabled))?;
+        let flags = (regs.rflags & !uapi::X86_EFLAGS_IF) | (irq_enabled & uapi::X86_EFLAGS_IF);
+        (regs.rsp, uapi::LGUEST_GUEST_CS, flags)
+    };
     let mut frame = [0u64; 6];
     let mut n = 0;
     if has_error_code(vector) {
         frame[n] = error;
         n += 1;
     }
-    for v in [
-        regs.rip,
-        uapi::LGUEST_GUEST_CS,
-        flags,
-        regs.rsp,
-        uapi::LGUEST_GUEST_SS,
-    ] {
+    for v in [regs.rip, cs, flags, regs.rsp, uapi::LGUEST_GUEST_SS] {
         frame[n] = v;
         n += 1;
     }
-    let new_rsp = (regs.rsp & !0xf).wrapping_sub(8 * n as u64);
+    let new_rsp = (stack & !0xf).wrapping_sub(8 * n as u64);
     let mut bytes = [0u8; 48];
     for (i, v) in frame[..n].iter().enumerate() {
         bytes[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
     }
     if vm.write_guest_va(new_rsp, &bytes[..8 * n]).is_err() {
         return kill!(
-            "cannot deliver vector {vector}: the guest stack at {:#x} is not mapped in guest memory",
-            regs.rsp
+            "cannot deliver vector {vector}: the guest stack at {stack:#x} is not mapped in guest memory"
         );
     }
+    vm.vcpus[index].user_mode = false;
     let r = &mut vm.vcpus[index].cpu.regs;
     r.rsp = new_rsp;
     r.rip = gate.handler;
@@ -200,9 +214,12 @@ fn emulate_iret(vm: &mut Vm, index: usize) -> Result<bool, Kill> {
     Ok(true)
 }
 
-/// Reflects exception `vector` to the guest, or kills it if it has no
-/// handler for it.
-pub(crate) fn reflect_trap(
+/// Handles a trap the hardware reported for the guest that is not a guest
+/// page fault or a hypercall: works around QEMU's IRET under SMAP (a
+/// supervisor-mode page fault at the guest's `noirq_iret`), reflects the
+/// rest. `int $0x80` with no guest handler is what hardware would do with
+/// a gate of DPL 0: a #GP at the instruction.
+pub(crate) fn hardware_trap(
     vm: &mut Vm,
     index: usize,
     vector: u64,
@@ -210,7 +227,7 @@ pub(crate) fn reflect_trap(
     cr2: u64,
 ) -> Result<(), Kill> {
     const PF_USER: u64 = 4;
-    if vector == 14 && error & PF_USER == 0 {
+    if vector == 14 && error & PF_USER == 0 && !vm.vcpus[index].user_mode {
         if let Some(ld) = vm.vcpus[index].lguest_data {
             let rip = vm.vcpus[index].cpu.regs.rip;
             if rip == read_ld(vm, ld, offset_of!(LguestData, noirq_iret))?
@@ -220,6 +237,25 @@ pub(crate) fn reflect_trap(
             }
         }
     }
+    let syscall = uapi::LGUEST_SYSCALL_VECTOR as u64;
+    if vector == syscall && vm.vcpus[index].idt[syscall as usize].handler == 0 {
+        // The frame's RIP is after the two-byte `int $0x80`.
+        let r = &mut vm.vcpus[index].cpu.regs;
+        r.rip = r.rip.wrapping_sub(2);
+        return reflect_trap(vm, index, 13, (syscall << 3) | 2, 0);
+    }
+    reflect_trap(vm, index, vector, error, cr2)
+}
+
+/// Reflects exception `vector` to the guest, or kills it if it has no
+/// handler for it.
+pub(crate) fn reflect_trap(
+    vm: &mut Vm,
+    index: usize,
+    vector: u64,
+    error: u64,
+    cr2: u64,
+) -> Result<(), Kill> {
     if vector == 14 {
         if let Some(ld) = vm.vcpus[index].lguest_data {
             write_ld(vm, ld, offset_of!(LguestData, cr2), cr2)?;
@@ -259,11 +295,15 @@ pub(crate) fn maybe_deliver(vm: &mut Vm, index: usize) -> Result<(), Kill> {
     if ready == 0 {
         return set_irq_pending(vm, index, ld, false);
     }
-    if vm.vcpus[index].cpu.regs.rip == read_ld(vm, ld, offset_of!(LguestData, noirq_iret))? {
-        return Ok(());
-    }
-    if read_ld(vm, ld, offset_of!(LguestData, irq_enabled))? & uapi::X86_EFLAGS_IF == 0 {
-        return set_irq_pending(vm, index, ld, true);
+    // Guest user mode always takes interrupts; the kernel's virtual IF
+    // and iret window are the kernel's.
+    if !vm.vcpus[index].user_mode {
+        if vm.vcpus[index].cpu.regs.rip == read_ld(vm, ld, offset_of!(LguestData, noirq_iret))? {
+            return Ok(());
+        }
+        if read_ld(vm, ld, offset_of!(LguestData, irq_enabled))? & uapi::X86_EFLAGS_IF == 0 {
+            return set_irq_pending(vm, index, ld, true);
+        }
     }
     let irq = ready.trailing_zeros();
     vm.vcpus[index].irq.clear(irq);

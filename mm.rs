@@ -186,6 +186,8 @@ pub(crate) struct ShadowTable {
     levels: u32,
     root: HostPage,
     pages: KVec<HostPage>,
+    /// The CPU whose switcher block this table maps, if any (switcher.rs).
+    pub(crate) mapped_cpu: Option<u32>,
 }
 
 impl ShadowTable {
@@ -195,6 +197,7 @@ impl ShadowTable {
             levels,
             root: HostPage::new()?,
             pages: KVec::new(),
+            mapped_cpu: None,
         })
     }
 

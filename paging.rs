@@ -11,15 +11,27 @@
 //! Accessed and dirty bits are emulated: the host sets them in the guest's
 //! entries, and maps a clean writable page read-only until it is written.
 //! Large guest pages (2 MiB, 1 GiB) are split into 4 KiB shadow entries.
-//! The guest's user/supervisor bit is not enforced yet: the guest kernel
-//! runs in ring 3 itself (guest user mode is future work).
 //!
-//! Changes to guest entries reach the shadow through `LHCALL_SET_PTE`
-//! (that page's shadow entry is dropped and refilled on the next fault),
-//! `LHCALL_SET_PMD`, `LHCALL_SET_PGD` and `LHCALL_FLUSH_TLB` (the whole
-//! lower half is dropped). The number of shadow table pages is bounded:
-//! past [`MAX_SHADOW_PAGES`] the lower half is dropped and refilled, so a
-//! guest cannot make the host allocate without bound.
+//! Guest kernel and guest user mode both run in ring 3, so the hardware
+//! cannot tell them apart: each guest root has two shadow tables
+//! (`ShadowPair` in `vm.rs`). The kernel table maps every page the guest's
+//! tables map; the user table only pages whose entries have the U/S bit at
+//! every level, so guest user code cannot reach guest kernel memory. A
+//! fault in user mode on a supervisor page is reflected to the guest kernel
+//! as a protection fault with the U bit in the error code, as hardware
+//! would report it.
+//!
+//! A few roots' shadows are kept (`ROOT_CACHE`), so a guest switching
+//! between address spaces with `LHCALL_NEW_PGTABLE` does not start from an
+//! empty shadow each time. The price is the paravirtual contract lguest
+//! had: the guest tells the host about every change to any of its tables,
+//! current or not. `LHCALL_SET_PTE` drops that page's shadow entries in
+//! every root (a table may be shared), `LHCALL_SET_PMD`, `LHCALL_SET_PGD`,
+//! `LHCALL_FLUSH_TLB` and `LHCALL_NEW_PGTABLE` of the current root drop
+//! every shadow. The number of shadow table pages is bounded: past
+//! [`MAX_SHADOW_PAGES`] (all roots together) the cached roots are dropped,
+//! then the current one, so a guest cannot make the host allocate without
+//! bound.
 //!
 //! Guest page tables live in guest RAM and are read through the launcher's
 //! mapping, as every host access to guest memory is. A guest entry that
@@ -97,6 +109,8 @@ fn frame_in_ram(vm: &Vm, entry: u64, size: u64, what: &str, va: u64) -> Result<u
 }
 
 /// `LHCALL_NEW_PGTABLE(gpa)`: the guest's top-level table is now at `gpa`.
+/// Another root's cached shadow is reused; the current root again means
+/// a flush (as reloading CR3 flushes the TLB).
 pub(crate) fn new_pgtable(vm: &mut Vm, gpa: u64) -> Result<(), Kill> {
     if gpa % PAGE_SIZE != 0
         || gpa
@@ -105,11 +119,16 @@ pub(crate) fn new_pgtable(vm: &mut Vm, gpa: u64) -> Result<(), Kill> {
     {
         return kill!("NEW_PGTABLE: bad page table address {gpa:#x}");
     }
-    vm.guest_root = Some(gpa);
-    flush(vm)
+    if vm.guest_root == Some(gpa) {
+        return flush(vm);
+    }
+    if vm.switch_root(gpa).is_err() {
+        return kill!("out of memory for a new shadow page table");
+    }
+    Ok(())
 }
 
-/// Drops every lower-half shadow entry (they are refilled on demand).
+/// Drops every shadow, current and cached (refilled on demand).
 pub(crate) fn flush(vm: &mut Vm) -> Result<(), Kill> {
     if vm.guest_root.is_none() {
         // Still on the linear map, which never changes.
@@ -126,8 +145,7 @@ pub(crate) fn set_pte(vm: &mut Vm, va: u64) -> Result<(), Kill> {
     if vm.guest_root.is_none() || va >= 1 << 47 {
         return Ok(());
     }
-    // Not present in the shadow yet is fine: nothing to forget.
-    let _ = vm.shadow_unmap(va & !(PAGE_SIZE - 1));
+    vm.shadow_unmap(va & !(PAGE_SIZE - 1));
     Ok(())
 }
 
@@ -139,9 +157,10 @@ pub(crate) struct Walk {
     last: usize,
     /// Guest-physical address of the 4 KiB page that `va` lies in.
     pub(crate) gpa: u64,
-    /// Writable and no-execute, over all levels.
+    /// Writable, no-execute and user-accessible, over all levels.
     writable: bool,
     nx: bool,
+    user: bool,
 }
 
 /// Walks the guest's 4-level tables at `root` for lower-half address `va`.
@@ -151,6 +170,7 @@ pub(crate) fn walk(vm: &Vm, root: u64, va: u64) -> Result<Option<Walk>, Kill> {
     let mut table = root;
     let mut writable = true;
     let mut nx = false;
+    let mut user = true;
     let mut entries: [(u64, u64); 4] = [(0, 0); 4];
     for (i, level) in (1..=4u32).rev().enumerate() {
         let shift = 12 + 9 * (level - 1);
@@ -162,6 +182,7 @@ pub(crate) fn walk(vm: &Vm, root: u64, va: u64) -> Result<Option<Walk>, Kill> {
         entries[i] = (at, e);
         writable &= e & PTE_RW != 0;
         nx |= e & PTE_NX != 0;
+        user &= e & PTE_US != 0;
         if level == 1 || (e & PTE_PS != 0 && level <= 3) {
             let size = 1u64 << shift;
             let base = frame_in_ram(vm, e, size, "page", va)?;
@@ -172,6 +193,7 @@ pub(crate) fn walk(vm: &Vm, root: u64, va: u64) -> Result<Option<Walk>, Kill> {
                 gpa,
                 writable,
                 nx,
+                user,
             }));
         }
         if level == 4 && e & PTE_PS != 0 {
@@ -182,17 +204,23 @@ pub(crate) fn walk(vm: &Vm, root: u64, va: u64) -> Result<Option<Walk>, Kill> {
     kill!("guest page walk for {va:#x} found no page")
 }
 
-/// Handles a page fault at `va` with hardware error code `error`: walks the
-/// guest's tables and maps the page, or says to reflect the fault.
-pub(crate) fn demand_page(vm: &mut Vm, va: u64, error: u64) -> Result<Fault, Kill> {
-    let Some(root) = vm.guest_root else {
-        return Ok(Fault::Reflect(error));
-    };
+/// Handles a page fault of vCPU `index` at `va` with hardware error code
+/// `error` (always a ring-3 fault): walks the guest's tables and maps the
+/// page, or says to reflect the fault with the error code the guest's own
+/// hardware would give (the U bit says whether it was in user mode).
+pub(crate) fn demand_page(vm: &mut Vm, index: usize, va: u64, error: u64) -> Result<Fault, Kill> {
+    let user_mode = vm.vcpus[index].user_mode;
     let write = error & PF_WRITE != 0;
     let fetch = error & PF_INSTR != 0;
     // The guest sees its own view: present only if its tables map the page.
     let guest_error = |present: bool| {
-        (error & (PF_WRITE | PF_INSTR)) | PF_USER | if present { PF_PRESENT } else { 0 }
+        (error & (PF_WRITE | PF_INSTR))
+            | if user_mode { PF_USER } else { 0 }
+            | if present { PF_PRESENT } else { 0 }
+    };
+    let Some(root) = vm.guest_root else {
+        // The linear map never changes: this is the guest's own fault.
+        return Ok(Fault::Reflect(guest_error(error & PF_PRESENT != 0)));
     };
     if va >= 1 << 47 {
         return Ok(Fault::Reflect(guest_error(false)));
@@ -204,11 +232,14 @@ pub(crate) fn demand_page(vm: &mut Vm, va: u64, error: u64) -> Result<Fault, Kil
         gpa,
         writable,
         nx,
+        user,
     }) = walk(vm, root, va)?
     else {
         return Ok(Fault::Reflect(guest_error(false)));
     };
-    if (write && !writable) || (fetch && nx) {
+    // CR0.WP=1: writes need RW at every level in kernel mode too. There is
+    // no SMEP or SMAP: the guest kernel may touch user pages.
+    if (write && !writable) || (fetch && nx) || (user_mode && !user) {
         return Ok(Fault::Reflect(guest_error(true)));
     }
 
@@ -233,7 +264,10 @@ pub(crate) fn demand_page(vm: &mut Vm, va: u64, error: u64) -> Result<Fault, Kil
     if nx {
         pte |= PTE_NX;
     }
-    if vm.shadow_map(va & !(PAGE_SIZE - 1), pte).is_err() {
+    if vm
+        .shadow_map(va & !(PAGE_SIZE - 1), pte, user_mode)
+        .is_err()
+    {
         return kill!("out of memory for shadow page tables");
     }
     Ok(Fault::Fixed)

@@ -120,8 +120,6 @@ pub(crate) struct GuestCpu {
     /// FS and GS bases (the guest may set them with wrfsbase/wrgsbase).
     pub(crate) fs_base: u64,
     pub(crate) gs_base: u64,
-    /// The CPU whose block this vCPU's shadow table maps, if any.
-    pub(crate) mapped_cpu: Option<u32>,
 }
 
 impl GuestCpu {
@@ -224,8 +222,8 @@ impl CpuBlock {
         self.put_u64(TSS + 36 + 8 * 6, self.addr(4 * 4096));
         self.put_u16(TSS + 102, 104);
 
-        // IDT: every vector to its stub; int3, into and the hypercall vector
-        // may be raised from ring 3.
+        // IDT: every vector to its stub; int3, into, the hypercall vector
+        // and the guest's system-call vector may be raised from ring 3.
         let stubs = helpers::idt_stubs() as u64;
         for v in 0..256usize {
             let handler = stubs + 32 * v as u64;
@@ -234,7 +232,10 @@ impl CpuBlock {
                 8 | 18 => 7,
                 _ => 0,
             };
-            let dpl3 = v == 3 || v == 4 || v == crate::uapi::LGUEST_TRAP_ENTRY as usize;
+            let dpl3 = v == 3
+                || v == 4
+                || v == crate::uapi::LGUEST_TRAP_ENTRY as usize
+                || v == crate::uapi::LGUEST_SYSCALL_VECTOR as usize;
             let off = IDT + 16 * v;
             self.put_u16(off, handler as u16);
             self.put_u16(off + 2, KERNEL_CS);
@@ -356,11 +357,11 @@ impl Switcher {
     }
 
     /// Makes `shadow` map `cpu`'s block and no other.
-    fn map_block(&self, shadow: &mut ShadowTable, vcpu: &mut GuestCpu, cpu: u32) -> Result {
-        if vcpu.mapped_cpu == Some(cpu) {
+    fn map_block(&self, shadow: &mut ShadowTable, cpu: u32) -> Result {
+        if shadow.mapped_cpu == Some(cpu) {
             return Ok(());
         }
-        if let Some(old) = vcpu.mapped_cpu.take() {
+        if let Some(old) = shadow.mapped_cpu.take() {
             let b = self.blocks.get(old as usize).ok_or(EINVAL)?;
             for p in 0..BLOCK_PAGES {
                 shadow.set_existing(b.va as u64 + p * PAGE_SIZE, 0)?;
@@ -371,7 +372,7 @@ impl Switcher {
             let pte = (b.phys + p * PAGE_SIZE) | PTE_P | PTE_RW | PTE_A | PTE_D | PTE_NX;
             shadow.set_existing(b.va as u64 + p * PAGE_SIZE, pte)?;
         }
-        vcpu.mapped_cpu = Some(cpu);
+        shadow.mapped_cpu = Some(cpu);
         Ok(())
     }
 
@@ -379,7 +380,7 @@ impl Switcher {
     pub(crate) fn run_once(&self, shadow: &mut ShadowTable, vcpu: &mut GuestCpu) -> Result<Exit> {
         let _irqs_off = helpers::IrqGuard::new();
         let cpu = helpers::cpu_id();
-        self.map_block(shadow, vcpu, cpu)?;
+        self.map_block(shadow, cpu)?;
         let b = self.blocks.get(cpu as usize).ok_or(EINVAL)?;
 
         let noflush = if self.pcid { 1u64 << 63 } else { 0 };

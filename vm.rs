@@ -94,14 +94,72 @@ pub(crate) struct Vcpu {
     pub(crate) lguest_data: Option<u64>,
     /// Next async ring entry to look at.
     pub(crate) next_hcall: usize,
+    /// The guest is in user mode: it runs on the user shadow table, and
+    /// the next interrupt or exception enters its kernel on `kernel_stack`.
+    pub(crate) user_mode: bool,
+    /// The guest kernel's stack for entries from user mode
+    /// (`LHCALL_SET_STACK`); 0 until set.
+    pub(crate) kernel_stack: u64,
     stat_exits: u64,
     pub(crate) stat_hypercalls: u64,
+    /// Shadow page-table pages of the VM, as of the last exit.
+    stat_shadow_pages: u64,
+}
+
+/// The shadow tables of one guest root: the guest kernel's view (every
+/// mapping of the guest's tables) and guest user mode's view (only pages
+/// with the U/S bit set at every level), as Xen PV and PVM split them. Both
+/// map the switcher.
+pub(crate) struct ShadowPair {
+    kernel: ShadowTable,
+    user: ShadowTable,
+}
+
+impl ShadowPair {
+    /// Two empty tables, with the switcher mapped in each.
+    fn new() -> Result<Self> {
+        let sw = Switcher::get()?;
+        let mut kernel = ShadowTable::new(sw.levels())?;
+        sw.map_into(&mut kernel)?;
+        let mut user = ShadowTable::new(sw.levels())?;
+        sw.map_into(&mut user)?;
+        Ok(Self { kernel, user })
+    }
+
+    /// Table pages in both.
+    fn pages(&self) -> usize {
+        self.kernel.table_pages() + self.user.table_pages()
+    }
+
+    /// Forgets guest-virtual page `va` in both.
+    fn unmap(&mut self, va: u64) {
+        // Not mapped (no table on the way) is fine: nothing to forget.
+        let _ = self.kernel.set_existing(va, 0);
+        let _ = self.user.set_existing(va, 0);
+    }
+}
+
+/// Shadow roots kept for guest roots that are not current, so that
+/// switching back (a guest context switch) does not start from nothing.
+pub(crate) const ROOT_CACHE: usize = 4;
+
+/// A cached shadow pair and the guest root it shadows.
+struct CachedRoot {
+    root: u64,
+    pair: ShadowPair,
+    /// When it was last current (for least-recently-used eviction).
+    stamp: u64,
 }
 
 /// A guest.
 pub(crate) struct Vm {
     pub(crate) mem: GuestMemory,
-    shadow: ShadowTable,
+    /// The shadow pair of the current guest root (or of the linear map).
+    shadow: ShadowPair,
+    /// Other guest roots' shadow pairs, at most [`ROOT_CACHE`].
+    roots: KVec<CachedRoot>,
+    /// Counts root switches (the clock of `CachedRoot::stamp`).
+    switches: u64,
     entry: u64,
     pub(crate) vcpus: KVec<Vcpu>,
     /// Set when the host killed the guest: the reason.
@@ -120,7 +178,6 @@ impl Vm {
     /// Validates `cfg` and builds the VM: pins RAM and the device window,
     /// builds the shadow table with the initial linear map and the switcher.
     pub(crate) fn create(cfg: &LguestVmConfig, notifiers: Arc<Notifiers>) -> Result<Self> {
-        let sw = Switcher::get()?;
         let page_mask = PAGE_SIZE - 1;
         if cfg.flags != 0 || cfg.reserved0 != 0 || cfg.reserved.iter().any(|&r| r != 0) {
             return Err(EINVAL);
@@ -161,7 +218,7 @@ impl Vm {
                 return Err(e);
             }
         };
-        let mut shadow = ShadowTable::new(sw.levels())?;
+        let mut shadow = ShadowPair::new()?;
         // The initial linear map: guest-virtual = guest-physical for RAM
         // above the first megabyte (so that null pointers fault) and the
         // device window.
@@ -169,13 +226,16 @@ impl Vm {
         let mut gfn = uapi::LGUEST_LOAD_MIN / PAGE_SIZE;
         while gfn * PAGE_SIZE < size {
             let phys = mem.host_phys(gfn).ok_or(EFAULT)?;
-            shadow.map(gfn * PAGE_SIZE, phys | user | PTE_A | PTE_D, user)?;
+            shadow
+                .kernel
+                .map(gfn * PAGE_SIZE, phys | user | PTE_A | PTE_D, user)?;
             gfn += 1;
         }
-        sw.map_into(&mut shadow)?;
         Ok(Vm {
             mem,
             shadow,
+            roots: KVec::new(),
+            switches: 0,
             entry: cfg.entry,
             vcpus: KVec::new(),
             dead: None,
@@ -207,8 +267,11 @@ impl Vm {
                 run: run.clone(),
                 lguest_data: None,
                 next_hcall: 0,
+                user_mode: false,
+                kernel_stack: 0,
                 stat_exits: 0,
                 stat_hypercalls: 0,
+                stat_shadow_pages: 0,
             },
             GFP_KERNEL,
         )?;
@@ -259,6 +322,7 @@ impl Vm {
         irq.set_task(Some(ARef::from(&**current!())));
         let _unregister = ScopeGuard(|| irq.set_task(None));
         loop {
+            self.vcpus[index].stat_shadow_pages = self.shadow_pages() as u64;
             if let Some(reason) = &self.dead {
                 let v = &self.vcpus[index];
                 v.write_exit(uapi::LGUEST_EXIT_KILLED, 0, 0, 0, reason.bytes());
@@ -291,18 +355,30 @@ impl Vm {
             }
 
             let vcpu = &mut self.vcpus[index];
-            let exit = sw.run_once(&mut self.shadow, &mut vcpu.cpu)?;
+            let shadow = if vcpu.user_mode {
+                &mut self.shadow.user
+            } else {
+                &mut self.shadow.kernel
+            };
+            let exit = sw.run_once(shadow, &mut vcpu.cpu)?;
             vcpu.stat_exits += 1;
+            let user_mode = vcpu.user_mode;
             let Exit::Trap { vector, error, cr2 } = exit else {
                 continue;
             };
-            // A page fault the guest itself caused (user mode: the guest
-            // runs in ring 3) may just be the shadow table catching up.
-            let guest_pf = vector == 14 && error & 4 != 0 && self.guest_root.is_some();
-            let outcome = if vector == uapi::LGUEST_TRAP_ENTRY as u64 {
+            // A page fault the guest itself caused (the hardware says user
+            // mode: the guest always runs in ring 3) may just be the shadow
+            // table catching up.
+            let guest_pf = vector == 14 && error & 4 != 0;
+            let outcome = if vector == uapi::LGUEST_TRAP_ENTRY as u64 && user_mode {
+                // Guest user mode may not make hypercalls: to the guest
+                // kernel this is `int $0x1f` through a gate of DPL 0.
+                let error = ((uapi::LGUEST_TRAP_ENTRY as u64) << 3) | 2;
+                interrupts::reflect_trap(self, index, 13, error, 0).map(|()| None)
+            } else if vector == uapi::LGUEST_TRAP_ENTRY as u64 {
                 hcall::do_hypercalls(self, index)
             } else if guest_pf {
-                match paging::demand_page(self, cr2, error) {
+                match paging::demand_page(self, index, cr2, error) {
                     Ok(Fault::Fixed) => Ok(None),
                     Ok(Fault::Reflect(e)) => {
                         interrupts::reflect_trap(self, index, 14, e, cr2).map(|()| None)
@@ -310,7 +386,7 @@ impl Vm {
                     Err(k) => Err(k),
                 }
             } else {
-                interrupts::reflect_trap(self, index, vector, error, cr2).map(|()| None)
+                interrupts::hardware_trap(self, index, vector, error, cr2).map(|()| None)
             };
             match outcome {
                 Ok(None) => continue,
@@ -365,32 +441,78 @@ impl Vm {
         Ok(())
     }
 
-    /// Replaces the shadow table with an empty one (plus the switcher):
-    /// the guest's mappings are refilled on demand.
+    /// Drops every shadow: the cached roots, and the current pair is
+    /// replaced by empty tables (plus the switcher). The guest's mappings
+    /// are refilled on demand.
     pub(crate) fn reset_shadow(&mut self) -> Result {
-        let sw = Switcher::get()?;
-        let mut shadow = ShadowTable::new(sw.levels())?;
-        sw.map_into(&mut shadow)?;
-        self.shadow = shadow;
-        for v in self.vcpus.iter_mut() {
-            v.cpu.mapped_cpu = None;
+        let fresh = ShadowPair::new()?;
+        self.roots.clear();
+        self.shadow = fresh;
+        Ok(())
+    }
+
+    /// Makes guest root `root` current (it is not the current one): the
+    /// current pair goes to the cache (evicting the least recently used),
+    /// and `root`'s cached pair, if any, comes back.
+    pub(crate) fn switch_root(&mut self, root: u64) -> Result {
+        let next = match self.roots.iter().position(|c| c.root == root) {
+            Some(i) => self.roots.remove(i).map_err(|_| EINVAL)?.pair,
+            None => ShadowPair::new()?,
+        };
+        let old = core::mem::replace(&mut self.shadow, next);
+        self.switches += 1;
+        // The linear map is never switched back to: it is not kept.
+        if let Some(old_root) = self.guest_root.replace(root) {
+            if self.roots.len() >= ROOT_CACHE {
+                let lru = (0..self.roots.len())
+                    .min_by_key(|&i| self.roots[i].stamp)
+                    .unwrap_or(0);
+                drop(self.roots.remove(lru));
+            }
+            let cached = CachedRoot {
+                root: old_root,
+                pair: old,
+                stamp: self.switches,
+            };
+            // With no memory to keep it, the old pair is simply dropped.
+            let _ = self.roots.push(cached, GFP_KERNEL);
         }
         Ok(())
     }
 
-    /// Maps guest-virtual page `va` in the shadow, starting over when the
-    /// shadow has grown past its bound.
-    pub(crate) fn shadow_map(&mut self, va: u64, pte: u64) -> Result {
-        if self.shadow.table_pages() >= paging::MAX_SHADOW_PAGES {
-            self.reset_shadow()?;
+    /// Maps guest-virtual page `va` in the current shadow, in the user
+    /// table (guest user mode's view) or the kernel table. All shadows
+    /// together stay below `paging::MAX_SHADOW_PAGES` table pages: past it
+    /// the cached roots go, then the current pair starts over.
+    pub(crate) fn shadow_map(&mut self, va: u64, pte: u64, user_view: bool) -> Result {
+        let cached: usize = self.roots.iter().map(|c| c.pair.pages()).sum();
+        if cached + self.shadow.pages() >= paging::MAX_SHADOW_PAGES {
+            self.roots.clear();
+            if self.shadow.pages() >= paging::MAX_SHADOW_PAGES {
+                self.reset_shadow()?;
+            }
         }
         let user = PTE_P | PTE_RW | PTE_US;
-        self.shadow.map(va, pte, user)
+        let table = if user_view {
+            &mut self.shadow.user
+        } else {
+            &mut self.shadow.kernel
+        };
+        table.map(va, pte, user)
     }
 
-    /// Forgets guest-virtual page `va` in the shadow.
-    pub(crate) fn shadow_unmap(&mut self, va: u64) -> Result {
-        self.shadow.set_existing(va, 0)
+    /// Forgets guest-virtual page `va` in every shadow, current and cached
+    /// (a guest table may be shared between roots).
+    pub(crate) fn shadow_unmap(&mut self, va: u64) {
+        self.shadow.unmap(va);
+        for c in self.roots.iter_mut() {
+            c.pair.unmap(va);
+        }
+    }
+
+    /// Table pages in all shadows (reported in the run page).
+    pub(crate) fn shadow_pages(&self) -> usize {
+        self.shadow.pages() + self.roots.iter().map(|c| c.pair.pages()).sum::<usize>()
     }
 
     /// Copies `buf.len()` bytes of guest-physical memory at `gpa` into `buf`.
@@ -457,6 +579,7 @@ impl Vcpu {
             core::ptr::addr_of_mut!((*r).shutdown_reason).write_volatile(shutdown);
             core::ptr::addr_of_mut!((*r).stat_exits).write_volatile(self.stat_exits);
             core::ptr::addr_of_mut!((*r).stat_hypercalls).write_volatile(self.stat_hypercalls);
+            core::ptr::addr_of_mut!((*r).stat_shadow_pages).write_volatile(self.stat_shadow_pages);
             let msg = core::ptr::addr_of_mut!((*r).message).cast::<u8>();
             for (i, &b) in message[..n].iter().enumerate() {
                 msg.add(i).write_volatile(b);

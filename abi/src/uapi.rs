@@ -283,8 +283,11 @@ pub struct LguestRun {
     pub stat_exits: u64,
     /// Number of hypercalls since the vCPU was created.
     pub stat_hypercalls: u64,
+    /// Shadow page-table pages the VM holds (all roots, kernel and user
+    /// tables, switcher mappings included), as of this exit.
+    pub stat_shadow_pages: u64,
     /// Reserved for later exit data.
-    pub reserved: [u64; 10],
+    pub reserved: [u64; 9],
     /// For `LGUEST_EXIT_SHUTDOWN` and `LGUEST_EXIT_KILLED`: a NUL-terminated
     /// message (the guest's, or the host's reason for the kill).
     pub message: [u8; LGUEST_MESSAGE_LEN],

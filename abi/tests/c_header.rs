@@ -134,6 +134,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
             shutdown_reason,
             stat_exits,
             stat_hypercalls,
+            stat_shadow_pages,
             reserved,
             message
         ]
@@ -197,6 +198,7 @@ const STRUCTS: &[(&str, &[&str])] = &[
             "shutdown_reason",
             "stat_exits",
             "stat_hypercalls",
+            "stat_shadow_pages",
             "reserved",
             "message",
         ],

@@ -63,7 +63,8 @@ struct lguest_run {
 	__u64 shutdown_reason;	/* LGUEST_SHUTDOWN_* */
 	__u64 stat_exits;
 	__u64 stat_hypercalls;
-	__u64 reserved[10];
+	__u64 stat_shadow_pages;
+	__u64 reserved[9];
 	__u8 message[LGUEST_MESSAGE_LEN];	/* NUL-terminated */
 };
 

@@ -17,7 +17,7 @@
 //! entries at random (present or not, writable or not, random A/D, PCD,
 //! global, NX and ignored bits), tells the host (`SET_PTE` for the page,
 //! directly or in the async ring, or a full flush: `FLUSH_TLB`, `SET_PMD`,
-//! `SET_PGD`, `NEW_PGTABLE` of either root), and accesses the page: a read
+//! `SET_PGD`, `NEW_PGTABLE` of the current root), and accesses the page: a read
 //! must see the frame's content (read through the identity map), a write
 //! must land in the frame, a missing page or a write to a read-only one
 //! must fault with the right error code and address, and the host must
@@ -65,7 +65,6 @@ const NOISE: u64 = US | PWT | PCD | A | D | G | AVAIL | HIGH | NX;
 /// #PF error code bits.
 const PF_P: u64 = 1;
 const PF_W: u64 = 2;
-const PF_U: u64 = 4;
 
 /// Whether `addr` is in the part of the address space the scratch window
 /// (or the fatal operations' experiments) may map.
@@ -235,13 +234,17 @@ impl Paging {
     }
 
     /// Drops the whole shadow: `FLUSH_TLB`, `SET_PMD`, `SET_PGD` (directly
-    /// or in the ring) or `NEW_PGTABLE` of either root.
+    /// or in the ring) or `NEW_PGTABLE` of the current root (then perhaps
+    /// a switch to the other one: the host keeps both roots' shadows).
     fn flush(&mut self, rng: &mut Rng, ring: &mut Ring) {
         let nr = rng.pick(&[LHCALL_FLUSH_TLB, LHCALL_SET_PMD, LHCALL_SET_PGD]);
         let a = [rng.arg(), rng.arg(), rng.arg(), rng.arg()];
         match rng.below(5) {
             0 => {
-                let which = rng.below(2) as usize;
+                // NEW_PGTABLE of the current root drops every shadow; a
+                // switch to the other root then finds its cached shadow
+                // (if any) just as fresh.
+                let which = self.active.unwrap_or(0);
                 if rng.chance(500) {
                     self.switch(rng, which);
                 } else {
@@ -249,6 +252,9 @@ impl Paging {
                     hc::hcall(rng, LHCALL_FLUSH_ASYNC, a);
                     ring.check_ran();
                     self.active = Some(which);
+                }
+                if rng.chance(500) {
+                    self.switch(rng, 1 - which);
                 }
             }
             1 => {
@@ -329,9 +335,9 @@ impl Paging {
         self.accesses += 1;
         let what = if write { "write" } else { "read" };
         let want_fault = if e & P == 0 {
-            Some(PF_U | if write { PF_W } else { 0 })
+            Some(if write { PF_W } else { 0 })
         } else if write && e & RW == 0 {
-            Some(PF_P | PF_W | PF_U)
+            Some(PF_P | PF_W)
         } else {
             None
         };

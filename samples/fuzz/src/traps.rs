@@ -124,7 +124,8 @@ fn run(name: &'static str, expect: &[u64], optional: bool, pf: Option<Pf>, f: im
     }
     if let (14, Some(pf)) = (vector, pf) {
         let write_ok = !pf.write || error & PF_WRITE != 0;
-        if cr2 != pf.addr || error & PF_USER == 0 || !write_ok {
+        // Kernel mode: the U bit is clear, as hardware reports it.
+        if cr2 != pf.addr || error & PF_USER != 0 || !write_ok {
             fail(format_args!(
                 "trap {name}: page fault at {:#x} (write {}) gave cr2 {cr2:#x} error {error:#x}",
                 pf.addr, pf.write
@@ -564,7 +565,7 @@ pub fn fatal(rng: &mut Rng) -> ! {
     if vector == 14 {
         crate::announce(
             format_args!("read of {addr:#x} with no page-fault handler"),
-            format_args!("page fault at {addr:#x} (error 0x4)"),
+            format_args!("page fault at {addr:#x} (error 0x0)"),
         );
     } else {
         crate::announce(format_args!("vector {vector} with no handler"), format_args!("{reason}"));

@@ -176,7 +176,7 @@ fn switcher_unreachable() -> TestResult {
     let host = "ffffffff81000000";
     let o = run("guest-ops", &["readswitcher", host])?;
     check!(
-        o.code == 2 && o.stderr.contains("page fault at 0xffffffff81000000 (error 0x4)"),
+        o.code == 2 && o.stderr.contains("page fault at 0xffffffff81000000 (error 0x0)"),
         "host text: {}",
         describe(&o)
     );
@@ -237,8 +237,8 @@ fn traps_reflected() -> TestResult {
         ("nm", "vector 7 "),
         ("gp", "vector 13 error 0x0 "),
         ("gperr", "vector 13 error 0x"),
-        ("pf", "vector 14 error 0x4 cr2 0x1000"),
-        ("pfw", "vector 14 error 0x6 cr2 0x1000"),
+        ("pf", "vector 14 error 0x0 cr2 0x1000"),
+        ("pfw", "vector 14 error 0x2 cr2 0x1000"),
     ];
     let mut failures = Vec::new();
     for (name, want) in cases {

@@ -196,8 +196,8 @@ fn shadow_paging() -> TestResult {
 fn shadow_paging_faults() -> TestResult {
     let cases = [
         (1u64, "guest page entry"),
-        (2, "page fault at 0x40001000 (error 0x7)"),
-        (3, "page fault at 0x40003000 (error 0x4)"),
+        (2, "page fault at 0x40001000 (error 0x3)"),
+        (3, "page fault at 0x40003000 (error 0x0)"),
     ];
     for (path, want) in cases {
         let vm = TestVm::new(&guest_paging())?;
