@@ -67,6 +67,13 @@ pub use shutdown::{crash, crash_fmt, poweroff, poweroff_fmt, restart};
 
 /// The ABI crate, re-exported so a guest needs only one dependency.
 pub use lguest_abi as abi;
+/// smoltcp, as the `net` driver is built against it (feature `net`).
+#[cfg(feature = "net")]
+pub use smoltcp;
+/// virtio-drivers, as the bus transport is built against it (feature
+/// `virtio`).
+#[cfg(feature = "virtio")]
+pub use virtio_drivers;
 
 /// The guest-physical address of a guest-virtual one.
 ///

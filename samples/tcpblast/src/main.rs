@@ -1,0 +1,364 @@
+// SPDX-License-Identifier: GPL-2.0
+//! `tcpblast`: TCP bulk transfer over virtio-net with smoltcp, the guest
+//! side of the throughput benchmark. Command line:
+//!
+//! ```text
+//! ip=192.168.2.2/24 peer=192.168.2.1:9999 send=67108864   connect, send N bytes, close
+//! ip=192.168.2.2/24 peer=192.168.2.1:9999 recv=67108864   connect, receive N bytes, check them
+//! ip=192.168.2.2/24 listen=9999 send=N | recv=N           the same, but wait for the host to connect
+//! ip=192.168.2.2/24 ping=SECONDS                           only answer pings for that long
+//! timeout=SECONDS                                          give up after that long (default 300)
+//! ```
+//!
+//! The stream carries the pattern byte `i` = `(i * 131 + 7) % 251` (the
+//! host's `lguest-tcpsink` uses the same); when receiving, the guest checks
+//! every byte. It answers pings (smoltcp's `auto-icmp-echo-reply`)
+//! throughout. At the end it prints the bytes, the guest-side time from the
+//! connection's establishment to the last byte acknowledged (sending) or
+//! received (receiving), and counters (packets, interrupts taken, kicks,
+//! halts), then powers off with `tcpblast: done`. A reset connection, a
+//! wrong byte or the timeout crashes the guest with the reason.
+//!
+//! The main loop is: poll the interface, move data, announce queued
+//! buffers to the device; then, with interrupts off, arm the device's
+//! interrupts and the timer for smoltcp's next deadline and halt, unless
+//! there is work already. The guest spins only while there is work.
+#![no_std]
+#![no_main]
+
+extern crate alloc;
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use lguest_guest::net::VirtioNet;
+use lguest_guest::smoltcp::iface::{Config, Interface, SocketSet};
+use lguest_guest::smoltcp::socket::tcp;
+use lguest_guest::smoltcp::time::{Duration, Instant};
+use lguest_guest::smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, Ipv4Address};
+use lguest_guest::{bus, clock, crash_fmt, entry, paravirt, poweroff, println, Args};
+
+entry!(main);
+
+/// The period of the stream pattern.
+const PERIOD: usize = 251;
+
+/// Byte `i` of the stream.
+fn pattern(i: u64) -> u8 {
+    ((i * 131 + 7) % PERIOD as u64) as u8
+}
+
+/// What to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Send(u64),
+    Recv(u64),
+    Ping(u64),
+}
+
+struct Opts {
+    ip: Ipv4Address,
+    prefix: u8,
+    peer: Option<(Ipv4Address, u16)>,
+    listen: Option<u16>,
+    mode: Mode,
+    timeout_s: u64,
+}
+
+fn bad(what: &str, v: &str) -> ! {
+    crash_fmt(format_args!(
+        "tcpblast: bad {what} '{v}' (usage: ip=A.B.C.D/N [peer=A.B.C.D:PORT | listen=PORT] send=N|recv=N|ping=SECONDS [timeout=SECONDS])"
+    ))
+}
+
+fn parse_ip(s: &str) -> Option<Ipv4Address> {
+    let mut o = [0u8; 4];
+    let mut parts = s.split('.');
+    for b in &mut o {
+        *b = parts.next()?.parse().ok()?;
+    }
+    parts.next().is_none().then(|| Ipv4Address::new(o[0], o[1], o[2], o[3]))
+}
+
+fn parse(args: &Args) -> Opts {
+    let mut ip = None;
+    let mut peer = None;
+    let mut listen = None;
+    let mut mode = None;
+    let mut timeout_s = 300;
+    for w in args {
+        let (k, v) = w.split_once('=').unwrap_or((w, ""));
+        let num = |v: &str| v.parse::<u64>().unwrap_or_else(|_| bad(k, v));
+        match k {
+            "ip" => {
+                let (a, n) = v.split_once('/').unwrap_or((v, "24"));
+                let a = parse_ip(a).unwrap_or_else(|| bad("ip", v));
+                let n = n.parse::<u8>().ok().filter(|&n| n <= 32).unwrap_or_else(|| bad("ip", v));
+                ip = Some((a, n));
+            }
+            "peer" => {
+                let (a, p) = v.split_once(':').unwrap_or_else(|| bad("peer", v));
+                let a = parse_ip(a).unwrap_or_else(|| bad("peer", v));
+                peer = Some((a, p.parse().unwrap_or_else(|_| bad("peer", v))));
+            }
+            "listen" => listen = Some(v.parse().unwrap_or_else(|_| bad("listen", v))),
+            "send" => mode = Some(Mode::Send(num(v))),
+            "recv" => mode = Some(Mode::Recv(num(v))),
+            "ping" => mode = Some(Mode::Ping(num(v))),
+            "timeout" => timeout_s = num(v),
+            _ => bad("word", w),
+        }
+    }
+    let Some((ip, prefix)) = ip else { bad("command line", args.as_str()) };
+    let Some(mode) = mode else { bad("command line", args.as_str()) };
+    if !matches!(mode, Mode::Ping(_)) && peer.is_none() && listen.is_none() {
+        bad("command line (send and recv need peer= or listen=)", args.as_str());
+    }
+    Opts { ip, prefix, peer, listen, mode, timeout_s }
+}
+
+fn now() -> Instant {
+    Instant::from_micros((clock::now_ns() / 1000) as i64)
+}
+
+/// The pattern from offset `off` on, ready to copy: `table[off % 251..]`
+/// is the stream from `off` for at least `table.len() - 251` bytes.
+fn pattern_table(len: usize) -> Vec<u8> {
+    (0..len + PERIOD).map(|i| pattern(i as u64)).collect()
+}
+
+fn main(args: Args) -> ! {
+    let o = parse(&args);
+    if let Err(e) = bus::init() {
+        crash_fmt(format_args!("tcpblast: interrupts: {e}"));
+    }
+    let mut net = match VirtioNet::<256>::open() {
+        Ok(Some(n)) => n,
+        Ok(None) => crash_fmt(format_args!("tcpblast: no network device on the lguest bus")),
+        Err(e) => crash_fmt(format_args!("tcpblast: net: {e}")),
+    };
+    let mac = net.mac();
+    println!(
+        "tcpblast: MAC {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}, ip {}/{}, checksum offload {}, TSO {}, heap {} MiB",
+        mac[0],
+        mac[1],
+        mac[2],
+        mac[3],
+        mac[4],
+        mac[5],
+        o.ip,
+        o.prefix,
+        if net.csum() { "on" } else { "off" },
+        if net.tso() { "on" } else { "off" },
+        lguest_guest::heap::size() >> 20
+    );
+
+    let mut config = Config::new(HardwareAddress::Ethernet(EthernetAddress(mac)));
+    config.random_seed = clock::rdtsc();
+    let mut iface = Interface::new(config, &mut net, now());
+    iface.update_ip_addrs(|a| {
+        let _ = a.push(IpCidr::new(IpAddress::Ipv4(o.ip), o.prefix));
+    });
+
+    // Socket buffers: the send buffer bounds the bytes in flight, the
+    // receive buffer the window (over 64 KiB turns window scaling on).
+    let big = lguest_guest::heap::size() >= 48 << 20;
+    let (rx_len, tx_len) = match o.mode {
+        Mode::Send(_) => (64 << 10, if big { 4 << 20 } else { 1 << 20 }),
+        Mode::Recv(_) => (if big { 4 << 20 } else { 1 << 20 }, 64 << 10),
+        Mode::Ping(_) => (4 << 10, 4 << 10),
+    };
+    let mut sock =
+        tcp::Socket::new(tcp::SocketBuffer::new(vec![0u8; rx_len]), tcp::SocketBuffer::new(vec![0u8; tx_len]));
+    sock.set_nagle_enabled(false);
+    let mut sockets = SocketSet::new(vec![]);
+    let handle = sockets.add(sock);
+    if let Mode::Ping(_) = o.mode {
+        // No connection.
+    } else if let Some(port) = o.listen {
+        if let Err(e) = sockets.get_mut::<tcp::Socket>(handle).listen(port) {
+            crash_fmt(format_args!("tcpblast: listen {port}: {e}"));
+        }
+        println!("tcpblast: listening on port {port}");
+    } else if let Some((peer, port)) = o.peer {
+        let local = 49152 + (clock::rdtsc() % 16384) as u16;
+        if let Err(e) = sockets.get_mut::<tcp::Socket>(handle).connect(iface.context(), (peer, port), local) {
+            crash_fmt(format_args!("tcpblast: connect: {e}"));
+        }
+        println!("tcpblast: connecting to {peer}:{port}");
+    }
+
+    let table = pattern_table(256 << 10);
+    let t_boot = clock::now_ns();
+    let deadline = t_boot + o.timeout_s * clock::NSEC_PER_SEC;
+    let ping_end = if let Mode::Ping(s) = o.mode { t_boot + s * clock::NSEC_PER_SEC } else { u64::MAX };
+    let (mut moved, mut t_start, mut t_end) = (0u64, None::<u64>, None::<u64>);
+    let mut was_connected = false;
+    let mut closing = false;
+    let (mut halts, mut polls) = (0u64, 0u64);
+
+    loop {
+        iface.poll(now(), &mut net, &mut sockets);
+        polls += 1;
+        let t = clock::now_ns();
+        if t >= ping_end {
+            break;
+        }
+        if t >= deadline {
+            crash_fmt(format_args!("tcpblast: timed out after {} s with {moved} bytes moved", o.timeout_s));
+        }
+        let s = sockets.get_mut::<tcp::Socket>(handle);
+        if s.is_active() && s.state() != tcp::State::SynSent && s.state() != tcp::State::SynReceived && !was_connected {
+            was_connected = true;
+            t_start = Some(t);
+            println!(
+                "tcpblast: connected ({})",
+                s.remote_endpoint().map_or(alloc::string::String::new(), |e| alloc::format!("{e}"))
+            );
+        }
+        let mut did = false;
+        match o.mode {
+            Mode::Send(total) => {
+                while moved < total && s.can_send() {
+                    let n = s
+                        .send(|buf| {
+                            let n = buf.len().min((total - moved) as usize).min(table.len() - PERIOD);
+                            let off = (moved % PERIOD as u64) as usize;
+                            buf[..n].copy_from_slice(&table[off..off + n]);
+                            (n, n)
+                        })
+                        .unwrap_or(0);
+                    if n == 0 {
+                        break;
+                    }
+                    moved += n as u64;
+                    did = true;
+                }
+                if moved == total && !closing && was_connected {
+                    s.close();
+                    closing = true;
+                    did = true;
+                }
+                if closing
+                    && s.send_queue() == 0
+                    && matches!(s.state(), tcp::State::FinWait2 | tcp::State::TimeWait | tcp::State::Closed)
+                {
+                    t_end.get_or_insert(t);
+                    break;
+                }
+            }
+            Mode::Recv(total) => {
+                while s.can_recv() {
+                    let r = s.recv(|buf| {
+                        let mut bad = None;
+                        let mut done = 0;
+                        while done < buf.len() {
+                            let pos = moved + done as u64;
+                            let off = (pos % PERIOD as u64) as usize;
+                            let n = (buf.len() - done).min(table.len() - PERIOD);
+                            if buf[done..done + n] != table[off..off + n] {
+                                let i = (0..n).find(|&i| buf[done + i] != table[off + i]).unwrap_or(0);
+                                bad = Some((pos + i as u64, buf[done + i]));
+                                break;
+                            }
+                            done += n;
+                        }
+                        (buf.len(), (buf.len(), bad))
+                    });
+                    match r {
+                        Ok((_, Some((pos, b)))) => {
+                            crash_fmt(format_args!("tcpblast: byte {pos} is {b:#04x}, expected {:#04x}", pattern(pos)))
+                        }
+                        Ok((n, None)) => {
+                            moved += n as u64;
+                            did = true;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                if moved > total {
+                    crash_fmt(format_args!("tcpblast: received {moved} bytes, more than the {total} expected"));
+                }
+                if moved == total && t_end.is_none() {
+                    t_end = Some(t);
+                    s.close();
+                    closing = true;
+                    did = true;
+                }
+                if closing
+                    && matches!(
+                        s.state(),
+                        tcp::State::Closed | tcp::State::TimeWait | tcp::State::FinWait2 | tcp::State::LastAck
+                    )
+                {
+                    break;
+                }
+            }
+            Mode::Ping(_) => {}
+        }
+        if was_connected && !closing && !s.is_open() {
+            crash_fmt(format_args!("tcpblast: connection closed by the peer after {moved} bytes"));
+        }
+        if was_connected && !s.is_active() && !closing {
+            crash_fmt(format_args!("tcpblast: connection reset after {moved} bytes"));
+        }
+        if did {
+            iface.poll(now(), &mut net, &mut sockets);
+        }
+        net.flush();
+
+        // Wait for the next thing to do.
+        let delay = iface.poll_delay(now(), &sockets);
+        if delay == Some(Duration::ZERO) && !net.tx_blocked() {
+            continue;
+        }
+        paravirt::irq_disable();
+        if net.arm() {
+            net.disarm();
+            paravirt::irq_enable();
+            continue;
+        }
+        let mut ns = delay.map_or(1_000_000_000, |d| d.total_micros().saturating_mul(1000));
+        if net.tx_blocked() || ns == 0 {
+            // Waiting for the device to send: its interrupt comes; the
+            // timer is only a safety net.
+            ns = 10_000_000;
+        }
+        ns = ns.clamp(1_000, 1_000_000_000).min(deadline.saturating_sub(clock::now_ns()).max(1_000));
+        if ping_end != u64::MAX {
+            ns = ns.min(ping_end.saturating_sub(clock::now_ns()).max(1_000));
+        }
+        clock::set_event(ns);
+        paravirt::halt();
+        halts += 1;
+        net.disarm();
+    }
+
+    let st = net.stats();
+    let slot = net.transport().info().index;
+    let tx_kicks = bus::kicks(slot);
+    let irqs = bus::interrupts_taken(slot);
+    match o.mode {
+        Mode::Ping(s) => {
+            println!("tcpblast: ping: answered for {s} s; rx {} packets, tx {} packets", st.rx_packets, st.tx_packets)
+        }
+        Mode::Send(_) | Mode::Recv(_) => {
+            let (t0, t1) = (t_start.unwrap_or(t_boot), t_end.unwrap_or_else(clock::now_ns));
+            let us = ((t1 - t0) / 1000).max(1);
+            println!(
+                "tcpblast: {} {moved} bytes in {us} us guest-side ({} Mbit/s)",
+                if let Mode::Send(_) = o.mode { "sent" } else { "received" },
+                moved * 8 / us
+            );
+        }
+    }
+    println!(
+        "tcpblast: packets tx {} (tso {}) rx {} (csum completed {}); tx ring full {}, dropped {}",
+        st.tx_packets, st.tx_gso_packets, st.rx_packets, st.rx_csum_completed, st.tx_ring_full, st.tx_dropped
+    );
+    println!(
+        "tcpblast: interrupts {irqs} (net), timer {}, kicks {tx_kicks}, halts {halts}, polls {polls}",
+        clock::ticks()
+    );
+    poweroff("tcpblast: done")
+}
