@@ -32,6 +32,7 @@
 //!   - `DRIVER_OK` newly set: each queue with `ready == 1` starts, with the
 //!     ring addresses and size in its [`LguestVqConfig`].
 //!   - `FAILED`: the device stops.
+//!
 //!   The device sets `DEVICE_NEEDS_RESET` (and stops) when the driver breaks
 //!   the rules, for example with a malformed descriptor chain.
 //! - **Queue kicks** are `LHCALL_NOTIFY(vq_addr, 0)`, where `vq_addr` is the
@@ -193,7 +194,7 @@ impl LguestBus {
         }
         let q0 = core::mem::offset_of!(LguestDeviceDesc, queues);
         let qsize = core::mem::size_of::<LguestVqConfig>();
-        if within >= q0 && within < q0 + qsize * LGUEST_BUS_MAX_QUEUES && (within - q0) % qsize == 0 {
+        if within >= q0 && within < q0 + qsize * LGUEST_BUS_MAX_QUEUES && (within - q0).is_multiple_of(qsize) {
             return Some(BusNotify::Queue { index, queue: (within - q0) / qsize });
         }
         None
