@@ -21,7 +21,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::Path;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -159,6 +159,36 @@ impl Lguest {
             return Err(DevError::Ioctl { what: "LGUEST_IRQ", source: io::Error::last_os_error() });
         }
         Ok(())
+    }
+
+    /// Binds eventfd `fd` to guest interrupt `irq` (`LGUEST_IRQFD`): each
+    /// signal of it then raises the interrupt without the launcher.
+    pub fn irqfd(&self, fd: RawFd, irq: u32) -> Result<(), DevError> {
+        let arg = abi::LguestIrqfd { fd, irq, flags: 0, pad: 0 };
+        let ptr: *const abi::LguestIrqfd = &arg;
+        // SAFETY: LGUEST_IRQFD only reads one LguestIrqfd (its size is in the
+        // ioctl number) from `ptr`, which points to a live, initialised one
+        // for the whole call; the kernel takes its own reference to the fd.
+        let ret = unsafe { libc::ioctl(self.file.as_raw_fd(), abi::LGUEST_IRQFD as _, ptr) };
+        check("LGUEST_IRQFD", ret).map(drop)
+    }
+
+    /// Binds eventfd `fd` to notification address `addr`
+    /// (`LGUEST_IOEVENTFD`): a guest `LHCALL_NOTIFY(addr)` then signals it
+    /// without an exit. The raw error is returned so that `ENOTTY` (a module
+    /// without the ioctl) can be told apart.
+    pub fn ioeventfd(&self, addr: u64, fd: RawFd) -> Result<(), io::Error> {
+        let arg = abi::LguestIoeventfd { addr, fd, flags: 0 };
+        let ptr: *const abi::LguestIoeventfd = &arg;
+        // SAFETY: LGUEST_IOEVENTFD only reads one LguestIoeventfd (its size
+        // is in the ioctl number) from `ptr`, which points to a live,
+        // initialised one for the whole call.
+        let ret = unsafe { libc::ioctl(self.file.as_raw_fd(), abi::LGUEST_IOEVENTFD as _, ptr) };
+        if ret < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
     }
 
     /// Reads vCPU `vcpu`'s registers (`LGUEST_GET_REGS`).

@@ -18,6 +18,7 @@ use lguest_abi as abi;
 
 use crate::dev::ExitData;
 use crate::memory::GuestMemory;
+use crate::virtio::bus::Bus;
 
 /// The most bytes one console notification prints.
 pub const CONSOLE_MAX: usize = 4096;
@@ -92,16 +93,25 @@ fn console(addr: u64, mem: &GuestMemory, out: &mut dyn Write) -> Result<(), Exit
     out.flush().map_err(ExitError::Console)
 }
 
-/// Decides what an exit means. Console output goes to `out`; launcher
-/// messages come back in [`Action::Exit`].
-pub fn handle_exit(exit: &ExitData, mem: &GuestMemory, out: &mut dyn Write) -> Result<Action, ExitError> {
+/// Decides what an exit means. Console output goes to `out`; a
+/// notification in the device window goes to `bus` (status changes, and
+/// queue kicks that no `LGUEST_IOEVENTFD` caught); launcher messages come
+/// back in [`Action::Exit`].
+pub fn handle_exit(
+    exit: &ExitData,
+    mem: &GuestMemory,
+    bus: Option<&Bus<'_>>,
+    out: &mut dyn Write,
+) -> Result<Action, ExitError> {
     match exit.exit_reason {
         abi::LGUEST_EXIT_NOTIFY => {
             let addr = exit.notify_addr;
             if mem.in_ram(addr) {
                 console(addr, mem, out)?;
             } else if mem.in_device_window(addr) {
-                log::debug!("device notification at {addr:#x} (argument {:#x}): no devices yet", exit.notify_arg);
+                if !bus.is_some_and(|bus| bus.notify(addr)) {
+                    log::debug!("device notification at {addr:#x} (argument {:#x}) means nothing", exit.notify_arg);
+                }
             } else {
                 log::warn!(
                     "guest notified {addr:#x}, outside RAM and the device window [{:#x}-{:#x}); ignored",
@@ -158,7 +168,7 @@ mod tests {
 
     fn run(exit: &ExitData, mem: &GuestMemory) -> (Action, Vec<u8>) {
         let mut out = Vec::new();
-        let action = handle_exit(exit, mem, &mut out).expect("handled");
+        let action = handle_exit(exit, mem, None, &mut out).expect("handled");
         (action, out)
     }
 
@@ -272,7 +282,7 @@ mod tests {
         }
         let mem = memory();
         mem.write(0x10_0000, b"x\0").expect("write");
-        let err = handle_exit(&notify(0x10_0000), &mem, &mut Broken).expect_err("broken pipe");
+        let err = handle_exit(&notify(0x10_0000), &mem, None, &mut Broken).expect_err("broken pipe");
         assert!(matches!(err, ExitError::Console(_)));
     }
 }

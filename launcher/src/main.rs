@@ -21,6 +21,7 @@ mod loader;
 mod memory;
 mod run;
 mod signals;
+mod virtio;
 
 /// The lguest launcher.
 #[derive(Debug, Parser)]
@@ -65,6 +66,29 @@ enum Command {
         /// thread (for testing interrupt delivery).
         #[arg(long, value_name = "MS:IRQ", value_parser = parse_irq_every)]
         irq_every: Option<(u64, u32)>,
+        /// No virtio console (it is there by default, on stdin and stdout).
+        #[arg(long)]
+        no_console: bool,
+        /// No virtio entropy device (there is one by default).
+        #[arg(long)]
+        no_rng: bool,
+        /// A virtio block device on FILE; ",ro" makes it read-only. May be
+        /// repeated.
+        #[arg(long, value_name = "FILE[,ro]")]
+        disk: Vec<virtio::block::DiskOptions>,
+        /// A virtio network device on TAP device NAME (created if missing);
+        /// ",nobatch" raises a receive interrupt per packet instead of per
+        /// batch. May be repeated.
+        #[arg(long, value_name = "tap=NAME[,nobatch]")]
+        net: Vec<virtio::net::NetOptions>,
+        /// Do not bind queue kicks with LGUEST_IOEVENTFD: every kick exits to
+        /// the vCPU thread (for comparison).
+        #[arg(long)]
+        no_ioeventfd: bool,
+        /// Print per-device counters (packets, bytes, kicks, interrupts) on
+        /// stderr at exit.
+        #[arg(long)]
+        stats: bool,
         /// The guest ELF image.
         #[arg(value_name = "GUEST.elf")]
         guest: PathBuf,
@@ -108,13 +132,23 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(log_level(cli.verbose))).init();
     let res = match &cli.command {
         Command::Version => version(&cli).map(|()| 0),
-        Command::Run { memory, irq_every, guest, args } => run::run(&run::RunOptions {
-            device: cli.device.clone(),
-            mem_size: *memory,
-            guest: guest.clone(),
-            args: args.clone(),
-            irq_every: *irq_every,
-        }),
+        Command::Run { memory, irq_every, no_console, no_rng, disk, net, no_ioeventfd, stats, guest, args } => {
+            run::run(&run::RunOptions {
+                device: cli.device.clone(),
+                mem_size: *memory,
+                guest: guest.clone(),
+                args: args.clone(),
+                irq_every: *irq_every,
+                devices: run::DeviceOptions {
+                    console: !no_console,
+                    rng: !no_rng,
+                    disks: disk.clone(),
+                    nets: net.clone(),
+                    ioeventfd: !no_ioeventfd,
+                    stats: *stats,
+                },
+            })
+        }
     };
     match res {
         Ok(code) => ExitCode::from(code),

@@ -13,6 +13,11 @@
 //! `vm-memory` does not know is the lguest layout (RAM, then device pages),
 //! so that is this type's job, together with errors that say which range was
 //! wrong.
+//!
+//! Device models get a second `GuestMemoryMmap`, [`GuestMemory::ram`], over
+//! the same mapping but covering RAM only: every address a guest puts in a
+//! virtqueue is then checked by `vm-memory` against RAM, and a descriptor
+//! cannot point a device at the device table.
 
 use std::fmt;
 
@@ -98,6 +103,9 @@ pub struct GuestStr {
 /// Guest RAM and the device window, mapped in the launcher.
 #[derive(Debug)]
 pub struct GuestMemory {
+    /// RAM only, for the device models; borrows the mapping `mem` owns
+    /// (declared first, so it is dropped first).
+    ram: GuestMemoryMmap,
     mem: GuestMemoryMmap,
     mem_size: u64,
     device_pages: u64,
@@ -121,8 +129,39 @@ impl GuestMemory {
             .map_err(|source| MemoryError::Map { size: Size(total), source })?;
         let region = GuestRegionMmap::new(region, GuestAddress(0))
             .ok_or_else(|| MemoryError::Region("the region's end overflows".into()))?;
+        let base = region.as_ptr();
         let mem = GuestMemoryMmap::from_regions(vec![region]).map_err(|e| MemoryError::Region(e.to_string()))?;
-        Ok(Self { mem, mem_size, device_pages })
+        let ram_len = usize::try_from(mem_size).map_err(|_| MemoryError::TooBig { mem_size, device_pages })?;
+        // SAFETY: `[base, base + ram_len)` is the start of the mapping that
+        // `mem` just made (ram_len <= len) with these protections and flags;
+        // a region built by `build_raw` never unmaps it, and `ram` is dropped
+        // before `mem` (field order) and only lent out with `&self`, so the
+        // mapping outlives every use of it.
+        let raw = unsafe {
+            vm_memory::mmap::MmapRegion::build_raw(
+                base,
+                ram_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            )
+        }
+        .map_err(|source| MemoryError::Map { size: Size(mem_size), source })?;
+        let raw = GuestRegionMmap::new(raw, GuestAddress(0))
+            .ok_or_else(|| MemoryError::Region("the RAM view's end overflows".into()))?;
+        let ram = GuestMemoryMmap::from_regions(vec![raw]).map_err(|e| MemoryError::Region(e.to_string()))?;
+        Ok(Self { ram, mem, mem_size, device_pages })
+    }
+
+    /// Guest RAM alone, as `vm-memory` sees it: what device models and
+    /// virtqueues use.
+    pub fn ram(&self) -> &GuestMemoryMmap {
+        &self.ram
+    }
+
+    /// RAM and the device window, as `vm-memory` sees them: for the device
+    /// table.
+    pub fn all(&self) -> &GuestMemoryMmap {
+        &self.mem
     }
 
     /// Bytes of guest RAM.
@@ -280,6 +319,22 @@ mod tests {
         assert!(m.read(u64::MAX, &mut buf).is_err());
         assert!(m.write(u64::MAX - 1, b"abc").is_err());
         m.write(0, b"").expect("empty write at 0");
+    }
+
+    #[test]
+    fn ram_view_shares_the_mapping_and_stops_at_ram() {
+        let m = mem();
+        m.write(0x5000, b"shared").expect("write");
+        let mut buf = [0u8; 6];
+        m.ram().read_slice(&mut buf, GuestAddress(0x5000)).expect("read through the RAM view");
+        assert_eq!(&buf, b"shared");
+        m.ram().write_slice(b"back", GuestAddress(0x6000)).expect("write through the RAM view");
+        let mut buf = [0u8; 4];
+        m.read(0x6000, &mut buf).expect("read");
+        assert_eq!(&buf, b"back");
+        // The device window is outside the RAM view, inside the whole one.
+        assert!(m.ram().write_slice(b"x", GuestAddress(m.mem_size())).is_err());
+        assert!(m.all().write_slice(b"x", GuestAddress(m.mem_size())).is_ok());
     }
 
     #[test]

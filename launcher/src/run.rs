@@ -8,9 +8,20 @@
 //! `LGUEST_CREATE_VCPU`, map the run page, set the boot registers (GET_REGS,
 //! then SET_REGS with RIP, RDI and RSI changed), install the signal handlers,
 //! and loop on `LGUEST_RUN`, handing each exit to [`exit::handle_exit`].
+//!
+//! Devices: the models are built from [`DeviceOptions`] before the VM (so a
+//! missing disk or tap is reported early), put on the lguest bus right
+//! after `LGUEST_CREATE_VM` (which writes the device table into the device
+//! window), their kicks bound with `LGUEST_IOEVENTFD` (if the module lacks
+//! it, `ENOTTY`, the vCPU thread passes kicks on itself) and their
+//! interrupts with `LGUEST_IRQFD` (else `LGUEST_IRQ`). Each device gets a
+//! thread in the same scope as the vCPU loop; when the loop ends, the bus
+//! is shut down and the scope joins them.
 
 use std::ffi::OsString;
+use std::fs::File;
 use std::io::{self, Write};
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
@@ -22,6 +33,14 @@ use crate::exit::{self, Action};
 use crate::loader;
 use crate::memory::{GuestMemory, Size};
 use crate::signals;
+use crate::virtio::block::{Block, DiskOptions};
+use crate::virtio::bus::{Bus, EventFdIrq, IoctlIrq, IrqLine};
+use crate::virtio::console::Console;
+use crate::virtio::net::{Net, NetOptions};
+use crate::virtio::rng::Rng;
+use crate::virtio::tap::Tap;
+use crate::virtio::term::RawTerminal;
+use crate::virtio::VirtioDevice;
 
 /// Pages of the device window above guest RAM.
 pub const DEVICE_PAGES: u64 = 1;
@@ -40,6 +59,85 @@ pub struct RunOptions {
     /// Raise an interrupt periodically from another thread: (period in
     /// milliseconds, IRQ). For testing interrupt delivery.
     pub irq_every: Option<(u64, u32)>,
+    /// The devices on the lguest bus.
+    pub devices: DeviceOptions,
+}
+
+/// Which devices the guest gets, and how they run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceOptions {
+    /// A virtio console on stdin and stdout.
+    pub console: bool,
+    /// A virtio entropy device.
+    pub rng: bool,
+    /// Block devices.
+    pub disks: Vec<DiskOptions>,
+    /// Network devices.
+    pub nets: Vec<NetOptions>,
+    /// Bind kicks with `LGUEST_IOEVENTFD` (off: every kick exits to the
+    /// vCPU thread, for comparison).
+    pub ioeventfd: bool,
+    /// Print per-device counters at exit.
+    pub stats: bool,
+}
+
+/// The device models `opts` asks for, in bus order.
+fn models(opts: &DeviceOptions) -> Result<Vec<Box<dyn VirtioDevice>>> {
+    let mut v: Vec<Box<dyn VirtioDevice>> = Vec::new();
+    if opts.console {
+        let input = io::stdin().as_fd().try_clone_to_owned().map(File::from).context("duplicating stdin")?;
+        v.push(Box::new(Console::new(Some(input), Box::new(io::stdout()))));
+    }
+    if opts.rng {
+        v.push(Box::new(Rng));
+    }
+    for (n, disk) in opts.disks.iter().enumerate() {
+        let blk = Block::open(disk, n).with_context(|| format!("opening disk {}", disk.path.display()))?;
+        v.push(Box::new(blk));
+    }
+    for (n, net) in opts.nets.iter().enumerate() {
+        let tap = Tap::open(&net.tap).with_context(|| format!("opening tap device {}", net.tap))?;
+        let io = tap.try_clone_file().context("duplicating the tap fd")?;
+        v.push(Box::new(Net::new(io, Box::new(tap), &net.tap, net.batch, n)));
+    }
+    Ok(v)
+}
+
+/// Device `irq`'s interrupt line: an eventfd bound with `LGUEST_IRQFD`, or
+/// `LGUEST_IRQ` if that fails.
+fn irq_line(lg: &Lguest, irq: u32) -> Box<dyn IrqLine + '_> {
+    let bound = vmm_sys_util::eventfd::EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK)
+        .map_err(|e| e.to_string())
+        .and_then(|fd| {
+            use std::os::fd::AsRawFd;
+            lg.irqfd(fd.as_raw_fd(), irq).map(|()| fd).map_err(|e| format!("{:#}", anyhow::Error::new(e)))
+        });
+    match bound {
+        Ok(fd) => Box::new(EventFdIrq(fd)),
+        Err(e) => {
+            log::info!("irq {irq}: no irqfd ({e}); using LGUEST_IRQ");
+            Box::new(IoctlIrq { lg, irq })
+        }
+    }
+}
+
+/// Binds every queue's kick eventfd to its address; false if the module
+/// has no `LGUEST_IOEVENTFD`.
+fn bind_kicks(lg: &Lguest, bus: &Bus<'_>) -> Result<bool> {
+    for (addr, fd) in bus.kick_fds() {
+        match lg.ioeventfd(addr, fd) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOTTY) => {
+                log::info!("the module has no LGUEST_IOEVENTFD: queue kicks go through the vCPU thread");
+                return Ok(false);
+            }
+            Err(e) => {
+                return Err(DevError::Ioctl { what: "LGUEST_IOEVENTFD", source: e })
+                    .with_context(|| format!("binding notification address {addr:#x}"));
+            }
+        }
+    }
+    Ok(true)
 }
 
 /// Runs the guest and returns the launcher's exit status.
@@ -59,6 +157,7 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
         String::from_utf8_lossy(&line)
     );
 
+    let models = models(&opts.devices)?;
     let lg = Lguest::open(&opts.device)?;
     let version = lg.api_version()?;
     if version != abi::LGUEST_API_VERSION {
@@ -74,6 +173,10 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
         reserved: [0; 4],
     };
     lg.create_vm(&config)?;
+    let bus = Bus::new(&mem, models, |irq| irq_line(&lg, irq)).context("setting up the lguest bus")?;
+    if opts.devices.ioeventfd && !bus.is_empty() {
+        bind_kicks(&lg, &bus)?;
+    }
     let vcpu = lg.create_vcpu()?;
     let page = lg.map_run_page(vcpu)?;
     let regs = lg.get_regs(vcpu)?;
@@ -82,9 +185,14 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
     // A fresh page has it clear; say so rather than rely on it.
     page.set_immediate_exit(false);
     let guard = signals::install(&page)?;
-    let stdout = io::stdout();
+    let term = if opts.devices.console { RawTerminal::enter().unwrap_or(None) } else { None };
+    let mut stdout = io::stdout();
     let stop = std::sync::atomic::AtomicBool::new(false);
     let result = std::thread::scope(|scope| {
+        for index in 0..bus.len() {
+            let bus = &bus;
+            scope.spawn(move || bus.run_device(index));
+        }
         if let Some((ms, irq)) = opts.irq_every {
             let (lg, stop) = (&lg, &stop);
             scope.spawn(move || {
@@ -97,12 +205,17 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
                 }
             });
         }
-        let r =
-            run_loop(&DevVcpu { lg: &lg, index: vcpu, page: &page }, &mem, &mut stdout.lock(), &signals::interrupted);
+        let vcpu = DevVcpu { lg: &lg, index: vcpu, page: &page };
+        let r = run_loop(&vcpu, &mem, Some(&bus), &mut stdout, &signals::interrupted);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        bus.shutdown();
         r
     });
+    drop(term);
     drop(guard);
+    if opts.devices.stats {
+        eprint!("{}", bus.stats());
+    }
 
     let stats = page.stats();
     log::info!("vCPU {vcpu}: {} exits, {} hypercalls", stats.exits, stats.hypercalls);
@@ -137,7 +250,13 @@ impl Vcpu for DevVcpu<'_> {
 /// Runs `vcpu` until an exit stops it, RUN fails, or it returns `EINTR`
 /// while `interrupted()` says a stopping signal came. Console output goes to
 /// `out`; launcher messages to stderr.
-fn run_loop(vcpu: &dyn Vcpu, mem: &GuestMemory, out: &mut dyn Write, interrupted: &dyn Fn() -> bool) -> Result<u8> {
+fn run_loop(
+    vcpu: &dyn Vcpu,
+    mem: &GuestMemory,
+    bus: Option<&Bus<'_>>,
+    out: &mut dyn Write,
+    interrupted: &dyn Fn() -> bool,
+) -> Result<u8> {
     loop {
         if let Err(e) = vcpu.run() {
             if e.raw_os_error() == Some(libc::EINTR) {
@@ -150,7 +269,7 @@ fn run_loop(vcpu: &dyn Vcpu, mem: &GuestMemory, out: &mut dyn Write, interrupted
             }
             return Err(DevError::Ioctl { what: "LGUEST_RUN", source: e }.into());
         }
-        let action = exit::handle_exit(&vcpu.exit(), mem, out).context("handling a guest exit")?;
+        let action = exit::handle_exit(&vcpu.exit(), mem, bus, out).context("handling a guest exit")?;
         match action {
             Action::Continue => {}
             Action::Exit { code, message } => {
@@ -220,7 +339,7 @@ mod tests {
         mem.write(0x10_1000, b"world\0").expect("write");
         let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000)), Ok(notify(0x10_1000)), Ok(poweroff())]);
         let mut out = Vec::new();
-        let code = run_loop(&vcpu, &mem, &mut out, &|| false).expect("run");
+        let code = run_loop(&vcpu, &mem, None, &mut out, &|| false).expect("run");
         assert_eq!(code, 0);
         assert_eq!(out, b"Hello\nworld");
         assert_eq!(vcpu.runs.get(), 3);
@@ -230,7 +349,7 @@ mod tests {
     fn eintr_without_a_stopping_signal_runs_again() {
         let mem = memory();
         let vcpu = FakeVcpu::new(vec![Err(libc::EINTR), Err(libc::EINTR), Ok(ExitData::new(abi::LGUEST_EXIT_HALT))]);
-        let code = run_loop(&vcpu, &mem, &mut Vec::new(), &|| false).expect("run");
+        let code = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| false).expect("run");
         assert_eq!(code, exit::EXIT_HALT);
         assert_eq!(vcpu.runs.get(), 3);
     }
@@ -239,7 +358,7 @@ mod tests {
     fn eintr_after_sigint_stops_with_130() {
         let mem = memory();
         let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000)), Err(libc::EINTR)]);
-        let code = run_loop(&vcpu, &mem, &mut Vec::new(), &|| true).expect("run");
+        let code = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| true).expect("run");
         assert_eq!(code, 130);
         assert_eq!(vcpu.runs.get(), 2);
     }
@@ -248,7 +367,7 @@ mod tests {
     fn run_failures_are_errors() {
         let mem = memory();
         let vcpu = FakeVcpu::new(vec![Err(libc::EFAULT)]);
-        let err = run_loop(&vcpu, &mem, &mut Vec::new(), &|| false).expect_err("EFAULT");
+        let err = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| false).expect_err("EFAULT");
         assert!(format!("{err:#}").starts_with("LGUEST_RUN failed: Bad address"), "{err:#}");
     }
 
@@ -258,8 +377,8 @@ mod tests {
         let mut killed = ExitData::new(abi::LGUEST_EXIT_KILLED);
         killed.message[..3].copy_from_slice(b"no\0");
         let vcpu = FakeVcpu::new(vec![Ok(killed)]);
-        assert_eq!(run_loop(&vcpu, &mem, &mut Vec::new(), &|| false).expect("run"), exit::EXIT_KILLED);
+        assert_eq!(run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| false).expect("run"), exit::EXIT_KILLED);
         let vcpu = FakeVcpu::new(vec![Ok(ExitData::new(77))]);
-        assert_eq!(run_loop(&vcpu, &mem, &mut Vec::new(), &|| false).expect("run"), 2);
+        assert_eq!(run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| false).expect("run"), 2);
     }
 }

@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The launcher's terminal while the console device runs: when stdin is a
+//! terminal it is put in raw-ish mode (no line editing, no echo, one byte
+//! at a time; signals such as Ctrl-C still reach the launcher, which stops
+//! the guest), and restored when the [`RawTerminal`] guard is dropped, on a
+//! panic (release builds abort, so Drop would not run) by
+//! a panic hook. The saved settings live in a global so that the panic
+//! hook can reach them. Other stopping signals (SIGINT, SIGTERM) end the run
+//! loop, which drops the guard.
+
+use std::io;
+use std::sync::Mutex;
+
+/// The settings to put back, while a guard lives.
+static SAVED: Mutex<Option<libc::termios>> = Mutex::new(None);
+
+/// Raw mode on stdin while this lives.
+#[derive(Debug)]
+pub struct RawTerminal(());
+
+fn tcgetattr(fd: libc::c_int) -> io::Result<libc::termios> {
+    // SAFETY: termios is a plain C struct for which all-zero bytes are valid.
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: `t` is a valid, exclusively borrowed termios for the call.
+    if unsafe { libc::tcgetattr(fd, &mut t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(t)
+}
+
+fn tcsetattr(fd: libc::c_int, t: &libc::termios) -> io::Result<()> {
+    // SAFETY: `t` points to a valid termios for the whole call.
+    if unsafe { libc::tcsetattr(fd, libc::TCSANOW, t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Puts the saved settings back, if any (idempotent).
+pub fn restore_now() {
+    let saved = SAVED.lock().map(|mut s| s.take()).unwrap_or(None);
+    if let Some(t) = saved {
+        let _ = tcsetattr(libc::STDIN_FILENO, &t);
+    }
+}
+
+impl RawTerminal {
+    /// Raw mode on stdin if it is a terminal; `None` if it is not.
+    pub fn enter() -> io::Result<Option<Self>> {
+        // SAFETY: isatty only inspects the descriptor number.
+        if unsafe { libc::isatty(libc::STDIN_FILENO) } != 1 {
+            return Ok(None);
+        }
+        let old = tcgetattr(libc::STDIN_FILENO)?;
+        let mut raw = old;
+        raw.c_lflag &= !(libc::ICANON | libc::ECHO | libc::ECHONL | libc::IEXTEN);
+        raw.c_iflag &= !(libc::ICRNL | libc::IXON);
+        raw.c_cc[libc::VMIN] = 1;
+        raw.c_cc[libc::VTIME] = 0;
+        *SAVED.lock().map_err(|_| io::Error::other("terminal state lock poisoned"))? = Some(old);
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            restore_now();
+            hook(info);
+        }));
+        tcsetattr(libc::STDIN_FILENO, &raw)?;
+        Ok(Some(Self(())))
+    }
+}
+
+impl Drop for RawTerminal {
+    fn drop(&mut self) {
+        restore_now();
+    }
+}

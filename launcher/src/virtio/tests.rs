@@ -1,0 +1,941 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Tests of the bus protocol and the device models, driven through guest
+//! memory as a driver would, with hand-built rings (`testring.rs`).
+
+use std::fs::File;
+use std::io::Write;
+use std::mem::offset_of;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixDatagram;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use lguest_abi::bus::{
+    LguestBus, LguestDeviceDesc, LguestVqConfig, LGUEST_ISR_CONFIG, LGUEST_ISR_QUEUE, VIRTIO_STATUS_ACKNOWLEDGE,
+    VIRTIO_STATUS_DEVICE_NEEDS_RESET, VIRTIO_STATUS_DRIVER, VIRTIO_STATUS_DRIVER_OK, VIRTIO_STATUS_FAILED,
+    VIRTIO_STATUS_FEATURES_OK,
+};
+
+use super::block::{self, Block, DiskOptions};
+use super::bus::{Bus, IrqLine};
+use super::console::Console;
+use super::net::{self, Net, NetOptions};
+use super::rng::{self, Rng};
+use super::tap::TapControl;
+use super::testring::{self, TestRing};
+use super::*;
+use crate::memory::GuestMemory;
+
+const MEM: u64 = 4 << 20;
+const RING0: u64 = 0x1_0000;
+const RING1: u64 = 0x2_0000;
+const BUF: u64 = 0x10_0000;
+const FEATURES: u64 = VIRTIO_F_VERSION_1;
+const OK: u32 = VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER | VIRTIO_STATUS_FEATURES_OK | VIRTIO_STATUS_DRIVER_OK;
+
+/// An interrupt line that counts.
+struct CountIrq(Arc<AtomicU64>);
+
+impl IrqLine for CountIrq {
+    fn raise(&self) -> std::io::Result<()> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+fn memory() -> GuestMemory {
+    GuestMemory::new(MEM, 1).expect("memory")
+}
+
+/// A bus with `models`; returns it and one interrupt counter per device.
+fn bus<'m>(mem: &'m GuestMemory, models: Vec<Box<dyn VirtioDevice>>) -> (Bus<'m>, Vec<Arc<AtomicU64>>) {
+    let mut counters = Vec::new();
+    let bus = Bus::new(mem, models, |_| {
+        let c = Arc::new(AtomicU64::new(0));
+        counters.push(c.clone());
+        Box::new(CountIrq(c))
+    })
+    .expect("bus");
+    (bus, counters)
+}
+
+fn irqs(c: &[Arc<AtomicU64>], slot: usize) -> u64 {
+    c[slot].load(Ordering::SeqCst)
+}
+
+fn kick(q: usize) -> Events {
+    Events { kicked: 1 << q, ..Events::default() }
+}
+
+fn read(mem: &GuestMemory, addr: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    mem.read(addr, &mut v).expect("read");
+    v
+}
+
+fn needs_reset(mem: &GuestMemory, slot: usize) -> bool {
+    testring::status(mem, slot) & VIRTIO_STATUS_DEVICE_NEEDS_RESET != 0
+}
+
+// ---------------------------------------------------------------------------
+// The table and the status protocol.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn table_describes_each_device() {
+    let mem = memory();
+    let (bus, _) = bus(&mem, vec![Box::new(Rng), Box::new(Console::new(None, Box::new(Vec::new())))]);
+    assert_eq!(bus.len(), 2);
+    let ty = offset_of!(LguestDeviceDesc, device_type);
+    assert_eq!(testring::desc_u32(&mem, 0, ty), VIRTIO_ID_RNG);
+    assert_eq!(testring::desc_u32(&mem, 1, ty), VIRTIO_ID_CONSOLE);
+    assert_eq!(testring::desc_u32(&mem, 2, ty), 0, "the table ends");
+    assert_eq!(testring::desc_u32(&mem, 0, offset_of!(LguestDeviceDesc, num_queues)), 1);
+    assert_eq!(testring::desc_u32(&mem, 1, offset_of!(LguestDeviceDesc, num_queues)), 2);
+    assert_eq!(testring::desc_u32(&mem, 0, offset_of!(LguestDeviceDesc, irq)), 1);
+    assert_eq!(testring::desc_u32(&mem, 1, offset_of!(LguestDeviceDesc, irq)), 2);
+    let f = testring::device_features(&mem, 0);
+    assert_eq!(f & TRANSPORT_FEATURES, TRANSPORT_FEATURES, "VERSION_1, EVENT_IDX offered: {f:#x}");
+    let lb = LguestBus::new(MEM);
+    let num_max = read(&mem, lb.vq_addr(1, 1) + offset_of!(LguestVqConfig, num_max) as u64, 2);
+    assert_eq!(u16::from_le_bytes([num_max[0], num_max[1]]), 64);
+    assert_eq!(testring::status(&mem, 0), 0);
+}
+
+#[test]
+fn unoffered_features_are_refused() {
+    let mem = memory();
+    let (bus, _) = bus(&mem, vec![Box::new(Rng)]);
+    let s = testring::negotiate(&mem, &bus, 0, FEATURES | 1 << 50);
+    assert_eq!(s & VIRTIO_STATUS_FEATURES_OK, 0, "FEATURES_OK cleared");
+    assert_eq!(bus.acked_status(0) & VIRTIO_STATUS_FEATURES_OK, 0);
+    // The driver retries with what was offered.
+    let s = testring::negotiate(&mem, &bus, 0, FEATURES | VIRTIO_F_RING_EVENT_IDX);
+    assert_ne!(s & VIRTIO_STATUS_FEATURES_OK, 0, "FEATURES_OK kept");
+}
+
+#[test]
+fn driver_ok_without_features_ok_needs_reset() {
+    let mem = memory();
+    let (bus, c) = bus(&mem, vec![Box::new(Rng)]);
+    testring::set_status(&mem, &bus, 0, VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER | VIRTIO_STATUS_DRIVER_OK);
+    assert!(needs_reset(&mem, 0));
+    assert_eq!(testring::isr(&mem, 0) & LGUEST_ISR_CONFIG, LGUEST_ISR_CONFIG);
+    assert_eq!(irqs(&c, 0), 1);
+}
+
+/// A started rng with one ring; returns the ring.
+fn started_rng(mem: &GuestMemory, bus: &Bus<'_>, features: u64) -> TestRing {
+    let ring = TestRing::new(mem, RING0, 16);
+    ring.configure(mem, 0, 0);
+    assert_eq!(testring::start(mem, bus, 0, features), OK);
+    ring
+}
+
+#[test]
+fn rng_fills_buffers_and_interrupts() {
+    let mem = memory();
+    let (bus, c) = bus(&mem, vec![Box::new(Rng)]);
+    let mut ring = started_rng(&mem, &bus, FEATURES);
+    let head = ring.add_chain(&mem, &[(BUF, 64, true), (BUF + 0x1000, 64, true)]);
+    bus.service(0, kick(0));
+    assert_eq!(ring.used_idx(&mem), 1);
+    assert_eq!(ring.used_elem(&mem, 0), (u32::from(head), 128));
+    assert!(read(&mem, BUF, 64).iter().any(|&b| b != 0), "random bytes");
+    assert!(read(&mem, BUF + 0x1000, 64).iter().any(|&b| b != 0), "second buffer too");
+    assert_eq!(read(&mem, BUF + 64, 16), vec![0; 16], "nothing past the buffer");
+    assert_eq!(irqs(&c, 0), 1);
+    assert_eq!(testring::isr(&mem, 0), LGUEST_ISR_QUEUE);
+    assert_eq!(bus.device_stats(0).queues[0].bytes.load(Ordering::Relaxed), 128);
+}
+
+#[test]
+fn rng_caps_huge_requests() {
+    let mem = memory();
+    let (bus, _) = bus(&mem, vec![Box::new(Rng)]);
+    let mut ring = started_rng(&mem, &bus, FEATURES);
+    ring.add_chain(&mem, &[(BUF, 1 << 20, true)]);
+    bus.service(0, kick(0));
+    // CAST: MAX_REQUEST fits u32.
+    assert_eq!(ring.used_elem(&mem, 0).1, rng::MAX_REQUEST as u32);
+    assert!(!needs_reset(&mem, 0));
+}
+
+#[test]
+fn event_idx_suppresses_interrupts() {
+    let mem = memory();
+    let (bus, c) = bus(&mem, vec![Box::new(Rng)]);
+    let mut ring = started_rng(&mem, &bus, FEATURES | VIRTIO_F_RING_EVENT_IDX);
+    // Interrupt only once the used index passes 2.
+    ring.set_used_event(&mem, 2);
+    ring.add_chain(&mem, &[(BUF, 8, true)]);
+    bus.service(0, kick(0));
+    assert_eq!((ring.used_idx(&mem), irqs(&c, 0)), (1, 0));
+    ring.add_chain(&mem, &[(BUF, 8, true)]);
+    ring.add_chain(&mem, &[(BUF, 8, true)]);
+    bus.service(0, kick(0));
+    assert_eq!((ring.used_idx(&mem), irqs(&c, 0)), (3, 1));
+}
+
+#[test]
+fn reset_stops_queues_and_clears_state() {
+    let mem = memory();
+    let (bus, _) = bus(&mem, vec![Box::new(Rng)]);
+    let mut ring = started_rng(&mem, &bus, FEATURES);
+    testring::set_status(&mem, &bus, 0, 0);
+    assert_eq!(testring::status(&mem, 0), 0);
+    assert_eq!(bus.acked_status(0), 0);
+    let ready = read(&mem, LguestBus::new(MEM).vq_addr(0, 0) + offset_of!(LguestVqConfig, ready) as u64, 2);
+    assert_eq!(ready, [0, 0], "ready reads 0 after a reset");
+    // A kick after the reset does nothing.
+    ring.add_chain(&mem, &[(BUF, 8, true)]);
+    bus.service(0, kick(0));
+    assert_eq!(ring.used_idx(&mem), 0);
+    // The driver can start again from scratch.
+    let mut ring = started_rng(&mem, &bus, FEATURES);
+    ring.add_chain(&mem, &[(BUF, 8, true)]);
+    bus.service(0, kick(0));
+    assert_eq!(ring.used_idx(&mem), 1);
+}
+
+#[test]
+fn failed_stops_the_device() {
+    let mem = memory();
+    let (bus, _) = bus(&mem, vec![Box::new(Rng)]);
+    let mut ring = started_rng(&mem, &bus, FEATURES);
+    testring::set_status(&mem, &bus, 0, OK | VIRTIO_STATUS_FAILED);
+    ring.add_chain(&mem, &[(BUF, 8, true)]);
+    bus.service(0, kick(0));
+    assert_eq!(ring.used_idx(&mem), 0);
+}
+
+/// Starts an rng whose queue 0 was configured by `setup`; returns whether
+/// the device refused (DEVICE_NEEDS_RESET) and the interrupts raised.
+fn start_with(setup: impl Fn(&GuestMemory)) -> (bool, u64, u32) {
+    let mem = memory();
+    let (bus, c) = bus(&mem, vec![Box::new(Rng)]);
+    TestRing::new(&mem, RING0, 16).configure(&mem, 0, 0);
+    setup(&mem);
+    let s = testring::negotiate(&mem, &bus, 0, FEATURES);
+    testring::set_status(&mem, &bus, 0, s | VIRTIO_STATUS_DRIVER_OK);
+    (needs_reset(&mem, 0), irqs(&c, 0), testring::isr(&mem, 0))
+}
+
+fn vq_write(mem: &GuestMemory, q: usize, field: usize, bytes: &[u8]) {
+    mem.write(LguestBus::new(MEM).vq_addr(0, q) + field as u64, bytes).expect("write");
+}
+
+#[test]
+fn good_queue_configuration_starts() {
+    assert_eq!(start_with(|_| {}), (false, 0, 0));
+}
+
+#[test]
+fn bad_queue_configurations_need_reset() {
+    let num = offset_of!(LguestVqConfig, num);
+    let desc = offset_of!(LguestVqConfig, desc);
+    let driver = offset_of!(LguestVqConfig, driver);
+    let device = offset_of!(LguestVqConfig, device);
+    let ready = offset_of!(LguestVqConfig, ready);
+    type Setup = Box<dyn Fn(&GuestMemory)>;
+    let cases: Vec<(&str, Setup)> = vec![
+        ("size not a power of two", Box::new(move |m| vq_write(m, 0, num, &3u16.to_le_bytes()))),
+        ("size 0", Box::new(move |m| vq_write(m, 0, num, &0u16.to_le_bytes()))),
+        ("size above num_max", Box::new(move |m| vq_write(m, 0, num, &128u16.to_le_bytes()))),
+        ("descriptors in the device window", Box::new(move |m| vq_write(m, 0, desc, &MEM.to_le_bytes()))),
+        ("descriptors past RAM", Box::new(move |m| vq_write(m, 0, desc, &(MEM - 16).to_le_bytes()))),
+        ("descriptors at u64::MAX", Box::new(move |m| vq_write(m, 0, desc, &(u64::MAX - 15).to_le_bytes()))),
+        ("misaligned descriptors", Box::new(move |m| vq_write(m, 0, desc, &(RING0 + 8).to_le_bytes()))),
+        ("misaligned driver ring", Box::new(move |m| vq_write(m, 0, driver, &(RING0 + 0x801).to_le_bytes()))),
+        ("used ring past RAM", Box::new(move |m| vq_write(m, 0, device, &(MEM - 8).to_le_bytes()))),
+        ("used ring at 0", Box::new(move |m| vq_write(m, 0, device, &0u64.to_le_bytes()))),
+        ("ready is 2", Box::new(move |m| vq_write(m, 0, ready, &2u16.to_le_bytes()))),
+        ("a queue that does not exist", Box::new(move |m| vq_write(m, 1, ready, &1u16.to_le_bytes()))),
+    ];
+    for (what, setup) in cases {
+        let (reset, irqs, isr) = start_with(setup);
+        assert!(reset, "{what}: DEVICE_NEEDS_RESET");
+        assert_eq!((irqs, isr), (1, LGUEST_ISR_CONFIG), "{what}: a configuration interrupt");
+    }
+}
+
+#[test]
+fn needs_reset_sticks_until_reset() {
+    let mem = memory();
+    let (bus, _) = bus(&mem, vec![Box::new(Rng)]);
+    let mut ring = started_rng(&mem, &bus, FEATURES);
+    ring.add_chain(&mem, &[(MEM, 8, true)]);
+    bus.service(0, kick(0));
+    assert!(needs_reset(&mem, 0));
+    // The driver writes the status without the bit: it stays.
+    testring::set_status(&mem, &bus, 0, OK);
+    assert!(needs_reset(&mem, 0));
+    testring::set_status(&mem, &bus, 0, 0);
+    assert!(!needs_reset(&mem, 0));
+    let mut ring = started_rng(&mem, &bus, FEATURES);
+    ring.add_chain(&mem, &[(BUF, 8, true)]);
+    bus.service(0, kick(0));
+    assert_eq!(ring.used_idx(&mem), 1);
+}
+
+// ---------------------------------------------------------------------------
+// Malformed chains.
+// ---------------------------------------------------------------------------
+
+/// Runs `build` on a started rng's ring, kicks, and checks that the device
+/// asked for a reset (and did not use the chain).
+fn malformed(what: &str, build: impl Fn(&GuestMemory, &mut TestRing)) {
+    let mem = memory();
+    let (bus, c) = bus(&mem, vec![Box::new(Rng)]);
+    let mut ring = started_rng(&mem, &bus, FEATURES);
+    build(&mem, &mut ring);
+    bus.service(0, kick(0));
+    assert!(needs_reset(&mem, 0), "{what}: DEVICE_NEEDS_RESET");
+    assert_eq!(testring::isr(&mem, 0) & LGUEST_ISR_CONFIG, LGUEST_ISR_CONFIG, "{what}: config isr");
+    assert!(irqs(&c, 0) >= 1, "{what}: interrupt");
+    assert_eq!(ring.used_idx(&mem), 0, "{what}: nothing used");
+    // Further kicks do nothing until a reset.
+    bus.service(0, kick(0));
+    assert_eq!(ring.used_idx(&mem), 0, "{what}: stopped");
+}
+
+#[test]
+fn malformed_chains_need_reset() {
+    malformed("a loop", |m, r| {
+        r.set_desc(m, 0, BUF, 8, 1 | 2, 1);
+        r.set_desc(m, 1, BUF, 8, 1 | 2, 0);
+        r.publish(m, 0);
+    });
+    malformed("a self loop", |m, r| {
+        r.set_desc(m, 0, BUF, 8, 1 | 2, 0);
+        r.publish(m, 0);
+    });
+    malformed("next out of range", |m, r| {
+        r.set_desc(m, 0, BUF, 8, 1 | 2, 999);
+        r.publish(m, 0);
+    });
+    malformed("head out of range", |m, r| r.publish(m, 16));
+    malformed("a buffer in the device window", |m, r| {
+        r.add_chain(m, &[(MEM, 8, true)]);
+    });
+    malformed("a buffer across the end of RAM", |m, r| {
+        r.add_chain(m, &[(MEM - 4, 8, true)]);
+    });
+    malformed("an address that wraps", |m, r| {
+        r.add_chain(m, &[(u64::MAX - 3, 8, true)]);
+    });
+    malformed("a huge length", |m, r| {
+        r.add_chain(m, &[(BUF, u32::MAX, true)]);
+    });
+    malformed("a readable buffer for the rng", |m, r| {
+        r.add_chain(m, &[(BUF, 8, false)]);
+    });
+    malformed("readable after writable", |m, r| {
+        r.add_chain(m, &[(BUF, 8, true), (BUF + 8, 8, false)]);
+    });
+    malformed("an available index far ahead", |m, r| r.set_avail_idx(m, 100));
+    malformed("a nested indirect table", |m, r| {
+        let table = BUF + 0x8000;
+        // Entry 0 of the indirect table is itself indirect.
+        m.write(table, &(table).to_le_bytes()).expect("w");
+        m.write(table + 8, &16u32.to_le_bytes()).expect("w");
+        m.write(table + 12, &4u16.to_le_bytes()).expect("w");
+        r.set_desc(m, 0, table, 16, 4, 0);
+        r.publish(m, 0);
+    });
+    malformed("an indirect table with NEXT", |m, r| {
+        r.set_desc(m, 0, BUF + 0x8000, 16, 4 | 1, 1);
+        r.publish(m, 0);
+    });
+    malformed("an indirect table of odd length", |m, r| {
+        r.set_desc(m, 0, BUF + 0x8000, 17, 4, 0);
+        r.publish(m, 0);
+    });
+    malformed("an indirect table outside RAM", |m, r| {
+        r.set_desc(m, 0, MEM - 16, 32, 4, 0);
+        r.publish(m, 0);
+    });
+    malformed("an indirect table that loops", |m, r| {
+        let table = BUF + 0x8000;
+        for i in 0..2u64 {
+            let e = table + 16 * i;
+            m.write(e, &BUF.to_le_bytes()).expect("w");
+            m.write(e + 8, &8u32.to_le_bytes()).expect("w");
+            m.write(e + 12, &3u16.to_le_bytes()).expect("w");
+            // CAST: 0 or 1.
+            m.write(e + 14, &((1 - i) as u16).to_le_bytes()).expect("w");
+        }
+        r.set_desc(m, 0, table, 32, 4, 0);
+        r.publish(m, 0);
+    });
+}
+
+#[test]
+fn indirect_chains_work() {
+    let mem = memory();
+    let (bus, _) = bus(&mem, vec![Box::new(Rng)]);
+    let mut ring = started_rng(&mem, &bus, FEATURES | VIRTIO_F_RING_INDIRECT_DESC);
+    let table = BUF + 0x8000;
+    for i in 0..2u64 {
+        let e = table + 16 * i;
+        mem.write(e, &(BUF + 0x100 * i).to_le_bytes()).expect("w");
+        mem.write(e + 8, &16u32.to_le_bytes()).expect("w");
+        mem.write(e + 12, &(if i == 0 { 3u16 } else { 2 }).to_le_bytes()).expect("w");
+        mem.write(e + 14, &1u16.to_le_bytes()).expect("w");
+    }
+    ring.set_desc(&mem, 0, table, 32, 4, 0);
+    ring.publish(&mem, 0);
+    bus.service(0, kick(0));
+    assert!(!needs_reset(&mem, 0));
+    assert_eq!(ring.used_elem(&mem, 0), (0, 32));
+}
+
+// ---------------------------------------------------------------------------
+// Console.
+// ---------------------------------------------------------------------------
+
+/// A Write that keeps what it gets.
+#[derive(Clone, Default)]
+struct Shared(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Shared {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("lock").extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn started_console(
+    mem: &GuestMemory,
+    input: Option<File>,
+    out: Shared,
+) -> (Bus<'_>, Vec<Arc<AtomicU64>>, TestRing, TestRing) {
+    let (bus, c) = bus(mem, vec![Box::new(Console::new(input, Box::new(out)))]);
+    let rx = TestRing::new(mem, RING0, 16);
+    let tx = TestRing::new(mem, RING1, 16);
+    rx.configure(mem, 0, 0);
+    tx.configure(mem, 0, 1);
+    assert_eq!(testring::start(mem, &bus, 0, FEATURES), OK);
+    (bus, c, rx, tx)
+}
+
+#[test]
+fn console_output_reaches_the_host() {
+    let mem = memory();
+    let out = Shared::default();
+    let (bus, c, _rx, mut tx) = started_console(&mem, None, out.clone());
+    mem.write(BUF, b"Hello, ").expect("w");
+    mem.write(BUF + 0x100, b"console!\n").expect("w");
+    tx.add_chain(&mem, &[(BUF, 7, false), (BUF + 0x100, 9, false)]);
+    tx.add_chain(&mem, &[(BUF, 5, false)]);
+    bus.service(0, kick(1));
+    assert_eq!(out.0.lock().expect("lock").as_slice(), b"Hello, console!\nHello");
+    assert_eq!(tx.used_idx(&mem), 2);
+    assert_eq!(irqs(&c, 0), 1, "one interrupt for the batch");
+}
+
+#[test]
+fn console_input_reaches_the_guest() {
+    let mem = memory();
+    let (reader, mut writer) = std::io::pipe().expect("pipe");
+    let input = File::from(OwnedFd::from(reader));
+    let (bus, c, mut rx, _tx) = started_console(&mem, Some(input), Shared::default());
+    rx.add_chain(&mem, &[(BUF, 64, true)]);
+    writer.write_all(b"ls\n").expect("write");
+    bus.service(0, Events { input: 1, ..Events::default() });
+    assert_eq!(rx.used_elem(&mem, 0), (0, 3));
+    assert_eq!(read(&mem, BUF, 3), b"ls\n");
+    assert_eq!(irqs(&c, 0), 1);
+    // No buffer left: the input is not read (nor polled) until a kick.
+    writer.write_all(b"x").expect("write");
+    bus.service(0, Events { input: 1, ..Events::default() });
+    assert_eq!(rx.used_idx(&mem), 1);
+    rx.add_chain(&mem, &[(BUF + 0x100, 64, true)]);
+    bus.service(0, Events { kicked: 1, input: 1, ..Events::default() });
+    assert_eq!(rx.used_idx(&mem), 2);
+    assert_eq!(read(&mem, BUF + 0x100, 1), b"x");
+    // End of input: the buffer stays with the device, unused.
+    drop(writer);
+    rx.add_chain(&mem, &[(BUF + 0x200, 64, true)]);
+    bus.service(0, Events { kicked: 1, input: 1, ..Events::default() });
+    assert_eq!(rx.used_idx(&mem), 2);
+    assert!(!needs_reset(&mem, 0));
+}
+
+#[test]
+fn console_output_with_a_writable_buffer_needs_reset() {
+    let mem = memory();
+    let (bus, _, _rx, mut tx) = started_console(&mem, None, Shared::default());
+    tx.add_chain(&mem, &[(BUF, 8, true)]);
+    bus.service(0, kick(1));
+    assert!(needs_reset(&mem, 0));
+}
+
+// ---------------------------------------------------------------------------
+// Block.
+// ---------------------------------------------------------------------------
+
+/// A temporary disk image that is removed on drop.
+struct TempDisk(std::path::PathBuf);
+
+impl TempDisk {
+    fn new(sectors: u64) -> Self {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "lguest-blk-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let data: Vec<u8> = (0..sectors * 512).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, data).expect("disk image");
+        Self(path)
+    }
+}
+
+impl Drop for TempDisk {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn header(kind: u32, sector: u64) -> [u8; 16] {
+    let mut h = [0u8; 16];
+    h[..4].copy_from_slice(&kind.to_le_bytes());
+    h[8..].copy_from_slice(&sector.to_le_bytes());
+    h
+}
+
+const HDR: u64 = BUF;
+const DATA: u64 = BUF + 0x1000;
+const STATUS: u64 = BUF + 0x3000;
+
+fn started_block<'m>(mem: &'m GuestMemory, disk: &TempDisk, ro: bool) -> (Bus<'m>, TestRing) {
+    let dev = Block::open(&DiskOptions { path: disk.0.clone(), read_only: ro }, 0).expect("open");
+    let (bus, _) = bus(mem, vec![Box::new(dev)]);
+    let ring = TestRing::new(mem, RING0, 16);
+    ring.configure(mem, 0, 0);
+    let f = testring::device_features(mem, 0);
+    assert_eq!(f & block::VIRTIO_BLK_F_FLUSH, block::VIRTIO_BLK_F_FLUSH);
+    assert_eq!(f & block::VIRTIO_BLK_F_RO != 0, ro);
+    assert_eq!(testring::start(mem, &bus, 0, FEATURES | block::VIRTIO_BLK_F_FLUSH | (f & block::VIRTIO_BLK_F_RO)), OK);
+    (bus, ring)
+}
+
+/// Sends one request (header, optional data, status) and returns (status,
+/// used length).
+fn blk_request(
+    mem: &GuestMemory,
+    bus: &Bus<'_>,
+    ring: &mut TestRing,
+    kind: u32,
+    sector: u64,
+    data: Option<(u32, bool)>,
+) -> (u8, u32) {
+    mem.write(HDR, &header(kind, sector)).expect("w");
+    mem.write(STATUS, &[0xff]).expect("w");
+    let mut bufs = vec![(HDR, 16, false)];
+    if let Some((len, write)) = data {
+        bufs.push((DATA, len, write));
+    }
+    bufs.push((STATUS, 1, true));
+    ring.add_chain(mem, &bufs);
+    let before = ring.used_idx(mem);
+    bus.service(0, kick(0));
+    assert_eq!(ring.used_idx(mem), before.wrapping_add(1), "request completed");
+    (read(mem, STATUS, 1)[0], ring.used_elem(mem, before).1)
+}
+
+#[test]
+fn block_capacity_is_in_the_config() {
+    let mem = memory();
+    let disk = TempDisk::new(8);
+    let (_bus, _) = started_block(&mem, &disk, false);
+    let cfg = read(&mem, LguestBus::new(MEM).desc_addr(0) + offset_of!(LguestDeviceDesc, config) as u64, 8);
+    assert_eq!(u64::from_le_bytes(cfg.try_into().expect("8 bytes")), 8);
+    assert_eq!(testring::desc_u32(&mem, 0, offset_of!(LguestDeviceDesc, config_len)), 8);
+}
+
+#[test]
+fn block_reads_writes_and_flushes() {
+    let mem = memory();
+    let disk = TempDisk::new(8);
+    let (bus, mut ring) = started_block(&mem, &disk, false);
+    // Read sector 2.
+    let (st, used) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_IN, 2, Some((1024, true)));
+    assert_eq!((st, used), (block::VIRTIO_BLK_S_OK, 1025));
+    let expect: Vec<u8> = (1024..2048u64).map(|i| (i % 251) as u8).collect();
+    assert_eq!(read(&mem, DATA, 1024), expect);
+    // Write sector 5, flush, and find it in the file.
+    mem.write(DATA, &[0xAB; 512]).expect("w");
+    let (st, used) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_OUT, 5, Some((512, false)));
+    assert_eq!((st, used), (block::VIRTIO_BLK_S_OK, 1));
+    let (st, _) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_FLUSH, 0, None);
+    assert_eq!(st, block::VIRTIO_BLK_S_OK);
+    let file = std::fs::read(&disk.0).expect("read image");
+    assert_eq!(&file[5 * 512..6 * 512], &[0xAB; 512]);
+    assert_eq!(file[4 * 512 + 511], ((4 * 512 + 511) % 251) as u8, "neighbours untouched");
+    // GET_ID.
+    let (st, used) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_GET_ID, 0, Some((20, true)));
+    assert_eq!((st, used), (block::VIRTIO_BLK_S_OK, 21));
+    assert!(read(&mem, DATA, 20).starts_with(b"lguest-blk0"));
+    // Unknown request type.
+    let (st, _) = blk_request(&mem, &bus, &mut ring, 77, 0, None);
+    assert_eq!(st, block::VIRTIO_BLK_S_UNSUPP);
+}
+
+#[test]
+fn block_out_of_range_is_an_io_error() {
+    let mem = memory();
+    let disk = TempDisk::new(8);
+    let (bus, mut ring) = started_block(&mem, &disk, false);
+    for (kind, sector, len, write) in [
+        (block::VIRTIO_BLK_T_IN, 8, 512, true),
+        (block::VIRTIO_BLK_T_IN, 7, 1024, true),
+        (block::VIRTIO_BLK_T_OUT, 8, 512, false),
+        (block::VIRTIO_BLK_T_IN, u64::MAX, 512, true),
+        (block::VIRTIO_BLK_T_OUT, u64::MAX / 512, 512, false),
+    ] {
+        let (st, _) = blk_request(&mem, &bus, &mut ring, kind, sector, Some((len, write)));
+        assert_eq!(st, block::VIRTIO_BLK_S_IOERR, "type {kind} sector {sector}");
+    }
+    assert!(!needs_reset(&mem, 0));
+    assert_eq!(std::fs::metadata(&disk.0).expect("stat").len(), 8 * 512, "the image did not grow");
+}
+
+#[test]
+fn block_read_only_refuses_writes() {
+    let mem = memory();
+    let disk = TempDisk::new(8);
+    let before = std::fs::read(&disk.0).expect("read");
+    let (bus, mut ring) = started_block(&mem, &disk, true);
+    mem.write(DATA, &[0xCD; 512]).expect("w");
+    let (st, _) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_OUT, 0, Some((512, false)));
+    assert_eq!(st, block::VIRTIO_BLK_S_IOERR);
+    let (st, _) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_IN, 0, Some((512, true)));
+    assert_eq!(st, block::VIRTIO_BLK_S_OK);
+    drop(bus);
+    assert_eq!(std::fs::read(&disk.0).expect("read"), before);
+}
+
+#[test]
+fn block_requests_without_header_or_status_need_reset() {
+    for (what, bufs) in [
+        ("short header", vec![(HDR, 8u32, false), (STATUS, 1, true)]),
+        ("no status byte", vec![(HDR, 16, false), (DATA, 512, false)]),
+    ] {
+        let mem = memory();
+        let disk = TempDisk::new(8);
+        let (bus, mut ring) = started_block(&mem, &disk, false);
+        mem.write(HDR, &header(block::VIRTIO_BLK_T_IN, 0)).expect("w");
+        ring.add_chain(&mem, &bufs);
+        bus.service(0, kick(0));
+        assert!(needs_reset(&mem, 0), "{what}");
+    }
+}
+
+#[test]
+fn disk_options_parse() {
+    assert_eq!("a.img".parse::<DiskOptions>(), Ok(DiskOptions { path: "a.img".into(), read_only: false }));
+    assert_eq!("a.img,ro".parse::<DiskOptions>(), Ok(DiskOptions { path: "a.img".into(), read_only: true }));
+    assert!("a.img,rw".parse::<DiskOptions>().is_err());
+    assert!("".parse::<DiskOptions>().is_err());
+}
+
+// ---------------------------------------------------------------------------
+// Net.
+// ---------------------------------------------------------------------------
+
+/// Records what the device asked of its tap.
+#[derive(Clone, Default)]
+struct FakeTapCtl(Arc<Mutex<Vec<(usize, u32)>>>);
+
+impl TapControl for FakeTapCtl {
+    fn set_vnet_hdr_size(&self, size: usize) -> std::io::Result<()> {
+        self.0.lock().expect("lock").push((size, u32::MAX));
+        Ok(())
+    }
+    fn set_offload(&self, flags: u32) -> std::io::Result<()> {
+        self.0.lock().expect("lock").push((usize::MAX, flags));
+        Ok(())
+    }
+}
+
+/// A started net device on one end of a datagram socket pair (a tap keeps
+/// frame boundaries too); returns the bus, irq counters, both rings and the
+/// "host" end.
+fn started_net(
+    mem: &GuestMemory,
+    batch: bool,
+    features: u64,
+) -> (Bus<'_>, Vec<Arc<AtomicU64>>, TestRing, TestRing, UnixDatagram, FakeTapCtl) {
+    let (dev_end, host_end) = UnixDatagram::pair().expect("socketpair");
+    dev_end.set_nonblocking(true).expect("nonblocking");
+    let ctl = FakeTapCtl::default();
+    let net = Net::new(File::from(OwnedFd::from(dev_end)), Box::new(ctl.clone()), "fake0", batch, 0);
+    let (bus, c) = bus(mem, vec![Box::new(net)]);
+    let rx = TestRing::new(mem, RING0, 16);
+    let tx = TestRing::new(mem, RING1, 16);
+    rx.configure(mem, 0, 0);
+    tx.configure(mem, 0, 1);
+    assert_eq!(testring::start(mem, &bus, 0, features), OK);
+    (bus, c, rx, tx, host_end, ctl)
+}
+
+fn frame(i: u8, len: usize) -> Vec<u8> {
+    let mut f = vec![0u8; 12];
+    f.extend((0..len).map(|k| i.wrapping_add(k as u8)));
+    f
+}
+
+#[test]
+fn net_config_and_offloads() {
+    let mem = memory();
+    let features = FEATURES | net::VIRTIO_NET_F_GUEST_CSUM | net::VIRTIO_NET_F_GUEST_TSO4 | net::VIRTIO_NET_F_MAC;
+    let (_bus, _, _, _, _, ctl) = started_net(&mem, true, features);
+    let cfg = read(&mem, LguestBus::new(MEM).desc_addr(0) + offset_of!(LguestDeviceDesc, config) as u64, 8);
+    assert_eq!(&cfg[..3], &[0x52, 0x54, 0x00], "a MAC address");
+    assert_eq!(&cfg[6..], &[1, 0], "link up");
+    assert_eq!(ctl.0.lock().expect("lock").as_slice(), &[(12, u32::MAX), (usize::MAX, 0x01 | 0x02)]);
+    assert_eq!(net::offloads(FEATURES), 0, "no GUEST_CSUM: no offloads");
+}
+
+#[test]
+fn net_receive_batches_interrupts() {
+    let mem = memory();
+    let (bus, c, mut rx, _tx, host, _) = started_net(&mem, true, FEATURES);
+    for k in 0..8u64 {
+        rx.add_chain(&mem, &[(BUF + 0x1000 * k, 2048, true)]);
+    }
+    bus.service(0, kick(0));
+    assert_eq!(irqs(&c, 0), 0, "no frames yet");
+    for i in 0..5 {
+        host.send(&frame(i, 60 + usize::from(i))).expect("send");
+    }
+    bus.service(0, Events { input: 1, ..Events::default() });
+    assert_eq!(rx.used_idx(&mem), 5);
+    assert_eq!(irqs(&c, 0), 1, "one interrupt for five frames");
+    for i in 0..5u16 {
+        let (_, len) = rx.used_elem(&mem, i);
+        assert_eq!(len as usize, 12 + 60 + usize::from(i));
+        let got = read(&mem, BUF + 0x1000 * u64::from(i), len as usize);
+        assert_eq!(&got[10..12], &[1, 0], "num_buffers = 1");
+        assert_eq!(&got[12..], &frame(i as u8, 60 + usize::from(i))[12..]);
+    }
+    let s = bus.device_stats(0);
+    assert_eq!(s.queues[0].chains.load(Ordering::Relaxed), 5);
+    assert_eq!(s.queues[0].bytes.load(Ordering::Relaxed), 60 + 61 + 62 + 63 + 64);
+}
+
+#[test]
+fn net_receive_without_batching_interrupts_per_frame() {
+    let mem = memory();
+    let (bus, c, mut rx, _tx, host, _) = started_net(&mem, false, FEATURES);
+    for k in 0..8u64 {
+        rx.add_chain(&mem, &[(BUF + 0x1000 * k, 2048, true)]);
+    }
+    for i in 0..5 {
+        host.send(&frame(i, 60)).expect("send");
+    }
+    bus.service(0, Events { kicked: 1, input: 1, ..Events::default() });
+    assert_eq!(rx.used_idx(&mem), 5);
+    assert_eq!(irqs(&c, 0), 5);
+}
+
+#[test]
+fn net_receive_waits_for_buffers() {
+    let mem = memory();
+    let (bus, c, mut rx, _tx, host, _) = started_net(&mem, true, FEATURES);
+    for k in 0..3u64 {
+        rx.add_chain(&mem, &[(BUF + 0x1000 * k, 2048, true)]);
+    }
+    for i in 0..5 {
+        host.send(&frame(i, 100)).expect("send");
+    }
+    bus.service(0, Events { kicked: 1, input: 1, ..Events::default() });
+    assert_eq!((rx.used_idx(&mem), irqs(&c, 0)), (3, 1), "the ring ran dry: one interrupt");
+    // The tap is still readable, but the device does not spin on it.
+    bus.service(0, Events { input: 1, ..Events::default() });
+    assert_eq!((rx.used_idx(&mem), irqs(&c, 0)), (3, 1));
+    for k in 3..8u64 {
+        rx.add_chain(&mem, &[(BUF + 0x1000 * k, 2048, true)]);
+    }
+    bus.service(0, kick(0));
+    assert_eq!((rx.used_idx(&mem), irqs(&c, 0)), (5, 2));
+    let (_, len) = rx.used_elem(&mem, 4);
+    assert_eq!(read(&mem, BUF + 0x4000 + 12, len as usize - 12), frame(4, 100)[12..]);
+}
+
+#[test]
+fn net_safety_net_interrupts_what_event_idx_held_back() {
+    let mem = memory();
+    let (bus, c, mut rx, _tx, host, _) = started_net(&mem, true, FEATURES | VIRTIO_F_RING_EVENT_IDX);
+    for k in 0..4u64 {
+        rx.add_chain(&mem, &[(BUF + 0x1000 * k, 2048, true)]);
+    }
+    // The driver asks for an interrupt only after 10 frames.
+    rx.set_used_event(&mem, 9);
+    bus.service(0, kick(0));
+    host.send(&frame(0, 60)).expect("send");
+    bus.service(0, Events { input: 1, ..Events::default() });
+    assert_eq!((rx.used_idx(&mem), irqs(&c, 0)), (1, 0));
+    bus.service(0, Events { timeout: true, ..Events::default() });
+    assert_eq!(irqs(&c, 0), 1, "the safety net fired");
+    assert_eq!(bus.device_stats(0).timer_irqs.load(Ordering::Relaxed), 1);
+    bus.service(0, Events { timeout: true, ..Events::default() });
+    assert_eq!(irqs(&c, 0), 1, "once");
+}
+
+#[test]
+fn net_drops_frames_too_big_for_the_buffers() {
+    let mem = memory();
+    let (bus, _c, mut rx, _tx, host, _) = started_net(&mem, true, FEATURES);
+    rx.add_chain(&mem, &[(BUF, 100, true)]);
+    host.send(&frame(0, 500)).expect("send");
+    host.send(&frame(1, 50)).expect("send");
+    bus.service(0, Events { kicked: 1, input: 1, ..Events::default() });
+    assert_eq!(rx.used_idx(&mem), 1);
+    assert_eq!(rx.used_elem(&mem, 0).1, 62, "the small frame got the buffer");
+    assert_eq!(bus.device_stats(0).dropped.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn net_transmit_drains_the_ring_with_one_interrupt() {
+    let mem = memory();
+    let (bus, c, _rx, mut tx, host, _) = started_net(&mem, true, FEATURES);
+    for i in 0..3u8 {
+        let f = frame(i, 200);
+        let at = BUF + 0x1000 * u64::from(i);
+        mem.write(at, &f).expect("w");
+        // Header and payload in separate buffers, as drivers often do.
+        tx.add_chain(&mem, &[(at, 12, false), (at + 12, 200, false)]);
+    }
+    bus.service(0, kick(1));
+    assert_eq!(tx.used_idx(&mem), 3);
+    assert_eq!(irqs(&c, 0), 1);
+    host.set_nonblocking(true).expect("nonblocking");
+    let mut buf = [0u8; 4096];
+    for i in 0..3u8 {
+        let n = host.recv(&mut buf).expect("a frame");
+        assert_eq!(&buf[..n], frame(i, 200).as_slice());
+    }
+    assert!(host.recv(&mut buf).is_err(), "exactly three frames");
+    assert_eq!(bus.device_stats(0).queues[1].bytes.load(Ordering::Relaxed), 600);
+}
+
+#[test]
+fn net_transmit_with_a_writable_buffer_needs_reset() {
+    let mem = memory();
+    let (bus, _c, _rx, mut tx, _host, _) = started_net(&mem, true, FEATURES);
+    tx.add_chain(&mem, &[(BUF, 12, false), (BUF + 12, 60, true)]);
+    bus.service(0, kick(1));
+    assert!(needs_reset(&mem, 0));
+}
+
+#[test]
+fn net_options_parse() {
+    assert_eq!("tap=tap0".parse::<NetOptions>(), Ok(NetOptions { tap: "tap0".into(), batch: true }));
+    assert_eq!("tap=t,nobatch".parse::<NetOptions>(), Ok(NetOptions { tap: "t".into(), batch: false }));
+    assert!("tap=".parse::<NetOptions>().is_err());
+    assert!("nobatch".parse::<NetOptions>().is_err());
+    assert!("tap=x,fast".parse::<NetOptions>().is_err());
+    assert!("tap=averyveryverylongname".parse::<NetOptions>().is_err());
+}
+
+// ---------------------------------------------------------------------------
+// The device thread and the vCPU path.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn device_thread_serves_kicks_and_shuts_down() {
+    let mem = memory();
+    let (bus, c) = bus(&mem, vec![Box::new(Rng)]);
+    let mut ring = started_rng(&mem, &bus, FEATURES);
+    std::thread::scope(|s| {
+        s.spawn(|| bus.run_device(0));
+        ring.add_chain(&mem, &[(BUF, 32, true)]);
+        // The kick arrives as the vCPU thread would pass it on.
+        assert!(bus.notify(LguestBus::new(MEM).vq_addr(0, 0)));
+        let t = std::time::Instant::now();
+        while ring.used_idx(&mem) == 0 && t.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(ring.used_idx(&mem), 1);
+        assert_eq!(irqs(&c, 0), 1);
+        bus.shutdown();
+    });
+    assert_eq!(bus.device_stats(0).queues[0].kicks.load(Ordering::Relaxed), 1);
+    assert!(
+        bus.stats().contains("rng (irq 1):\n  queue 0: 1 kicks, 1 interrupts, 1 chains, 32 bytes"),
+        "{}",
+        bus.stats()
+    );
+}
+
+#[test]
+fn notifications_that_mean_nothing_are_refused() {
+    let mem = memory();
+    let (bus, _) = bus(&mem, vec![Box::new(Rng)]);
+    let lb = LguestBus::new(MEM);
+    assert!(!bus.notify(lb.desc_addr(1)), "an empty slot");
+    assert!(!bus.notify(lb.vq_addr(0, 1)), "a queue the device lacks");
+    assert!(!bus.notify(lb.desc_addr(0) + 4));
+    assert!(!bus.notify(0x1000));
+}
+
+#[test]
+fn vcpu_exits_reach_the_bus() {
+    use crate::dev::ExitData;
+    use crate::exit::{handle_exit, Action};
+    let mem = memory();
+    let (bus, _) = bus(&mem, vec![Box::new(Rng)]);
+    let lb = LguestBus::new(MEM);
+    mem.write(lb.desc_addr(0) + offset_of!(LguestDeviceDesc, status) as u64, &VIRTIO_STATUS_ACKNOWLEDGE.to_le_bytes())
+        .expect("w");
+    let exit = ExitData { notify_addr: lb.desc_addr(0), ..ExitData::new(lguest_abi::LGUEST_EXIT_NOTIFY) };
+    let mut out = Vec::new();
+    assert_eq!(handle_exit(&exit, &mem, Some(&bus), &mut out).expect("handled"), Action::Continue);
+    assert_eq!(bus.acked_status(0), VIRTIO_STATUS_ACKNOWLEDGE);
+    assert!(out.is_empty());
+}
+
+#[test]
+fn chain_reader_and_writer_cross_buffers() {
+    let mem = memory();
+    let chain = Chain {
+        head: 0,
+        readable: vec![chain::Buf { addr: BUF, len: 3 }, chain::Buf { addr: BUF + 0x100, len: 5 }],
+        writable: vec![chain::Buf { addr: BUF + 0x200, len: 2 }, chain::Buf { addr: BUF + 0x300, len: 4 }],
+    };
+    mem.write(BUF, b"abc").expect("w");
+    mem.write(BUF + 0x100, b"defgh").expect("w");
+    let mut r = chain.reader();
+    let mut two = [0u8; 2];
+    assert_eq!(r.read(mem.ram(), &mut two), 2);
+    assert_eq!(&two, b"ab");
+    assert_eq!(r.read_to_vec(mem.ram(), 100), b"cdefgh");
+    let mut w = chain.writer();
+    assert_eq!(w.write(mem.ram(), b"123456789"), 6);
+    assert_eq!(w.written(), 6);
+    assert_eq!(read(&mem, BUF + 0x200, 2), b"12");
+    assert_eq!(read(&mem, BUF + 0x300, 4), b"3456");
+}
+
+#[test]
+fn chains_longer_than_4_gib_are_refused() {
+    let mem = GuestMemory::new(8 << 20, 1).expect("memory");
+    let ring = TestRing::new(&mem, RING0, 16);
+    let table = BUF;
+    for i in 0..1024u64 {
+        let e = table + 16 * i;
+        mem.write(e, &0x1000u64.to_le_bytes()).expect("w");
+        mem.write(e + 8, &((7u32 << 20) - 0x1000).to_le_bytes()).expect("w");
+        mem.write(e + 12, &(if i == 1023 { 2u16 } else { 3 }).to_le_bytes()).expect("w");
+        // CAST: i < 1023 here.
+        mem.write(e + 14, &((i + 1) as u16).to_le_bytes()).expect("w");
+    }
+    ring.set_desc(&mem, 0, table, 1024 * 16, 4, 0);
+    assert_eq!(chain::walk(mem.ram(), ring.desc, ring.size, 0), Err(ChainError::TooLong));
+}
