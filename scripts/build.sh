@@ -54,6 +54,7 @@ cp "$REPO/harness/init" "$ROOT/init"
 cp "$REPO/harness/demo.sh" "$ROOT/usr/share/lguest/demo.sh"
 cp "$MOD/lguest.ko" "$ROOT/lib/modules/lguest.ko"
 cp "$BIN/lguest" "$ROOT/usr/bin/lguest"
+cp "$BIN/lguest-tcpsink" "$ROOT/usr/bin/lguest-tcpsink"
 cp "$REPO/selftests/run_tests.sh" "$REPO/selftests/settings" "$REPO/selftests/tests.list" "$ROOT/selftests/lguest/"
 while read -r prog _; do
 	[ -n "$prog" ] || continue
