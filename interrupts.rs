@@ -216,9 +216,16 @@ fn emulate_iret(vm: &mut Vm, index: usize) -> Result<bool, Kill> {
 
 /// Handles a trap the hardware reported for the guest that is not a guest
 /// page fault or a hypercall: works around QEMU's IRET under SMAP (a
-/// supervisor-mode page fault at the guest's `noirq_iret`), reflects the
-/// rest. `int $0x80` with no guest handler is what hardware would do with
-/// a gate of DPL 0: a #GP at the instruction.
+/// supervisor-mode page fault at the guest's `noirq_iret`), turns `int
+/// $0x80` into the guest's system call, reflects the rest.
+///
+/// The host's gate for vector 0x80 has DPL 0, as the host may use that
+/// vector for a device interrupt: a device interrupt then reaches the host
+/// as usual, while `int $0x80` in ring 3 raises #GP with the IDT error code
+/// of vector 0x80 (bit 1 set; QEMU reports 0x802 where hardware says
+/// 0x402). If the guest has a handler for 0x80 and the instruction at RIP
+/// is `int $0x80`, the guest gets vector 0x80 with RIP after it; without a
+/// handler it gets the #GP, as its own hardware would give it.
 pub(crate) fn hardware_trap(
     vm: &mut Vm,
     index: usize,
@@ -238,11 +245,18 @@ pub(crate) fn hardware_trap(
         }
     }
     let syscall = uapi::LGUEST_SYSCALL_VECTOR as u64;
-    if vector == syscall && vm.vcpus[index].idt[syscall as usize].handler == 0 {
-        // The frame's RIP is after the two-byte `int $0x80`.
-        let r = &mut vm.vcpus[index].cpu.regs;
-        r.rip = r.rip.wrapping_sub(2);
-        return reflect_trap(vm, index, 13, (syscall << 3) | 2, 0);
+    if vector == 13
+        && (error == (syscall << 3) | 2 || error == (syscall << 4) | 2)
+        && vm.vcpus[index].idt[syscall as usize].handler != 0
+    {
+        let rip = vm.vcpus[index].cpu.regs.rip;
+        let mut insn = [0u8; 2];
+        if vm.read_guest_va(rip, &mut insn).is_ok() && insn == [0xcd, syscall as u8] {
+            vm.vcpus[index].cpu.regs.rip = rip + 2;
+            if deliver(vm, index, syscall, 0)? {
+                return Ok(());
+            }
+        }
     }
     reflect_trap(vm, index, vector, error, cr2)
 }

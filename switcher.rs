@@ -222,8 +222,10 @@ impl CpuBlock {
         self.put_u64(TSS + 36 + 8 * 6, self.addr(4 * 4096));
         self.put_u16(TSS + 102, 104);
 
-        // IDT: every vector to its stub; int3, into, the hypercall vector
-        // and the guest's system-call vector may be raised from ring 3.
+        // IDT: every vector to its stub; int3, into and the hypercall vector
+        // may be raised from ring 3. Not 0x80, the guest's system-call
+        // vector: the host may use it for a device interrupt (without
+        // IA32 emulation), so `int $0x80` comes as #GP (interrupts.rs).
         let stubs = helpers::idt_stubs() as u64;
         for v in 0..256usize {
             let handler = stubs + 32 * v as u64;
@@ -232,10 +234,7 @@ impl CpuBlock {
                 8 | 18 => 7,
                 _ => 0,
             };
-            let dpl3 = v == 3
-                || v == 4
-                || v == crate::uapi::LGUEST_TRAP_ENTRY as usize
-                || v == crate::uapi::LGUEST_SYSCALL_VECTOR as usize;
+            let dpl3 = v == 3 || v == 4 || v == crate::uapi::LGUEST_TRAP_ENTRY as usize;
             let off = IDT + 16 * v;
             self.put_u16(off, handler as u16);
             self.put_u16(off + 2, KERNEL_CS);

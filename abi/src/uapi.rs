@@ -396,9 +396,11 @@ pub struct LguestIretUser {
 /// usable selector: such a frame is returned through with
 /// [`LHCALL_IRET_USER`], never with `iretq`.
 pub const LGUEST_USER_CS: u64 = 0x3b;
-/// The system-call vector of guest user mode: `int $0x80` from user mode
-/// enters the guest kernel through its IDT entry 0x80 (with the return
-/// address after the instruction), like any other interrupt from user mode.
+/// The system-call vector of guest user mode: `int $0x80` (encoded `cd 80`)
+/// enters the guest kernel through its IDT entry 0x80, with the return
+/// address after the instruction, like any other interrupt from user mode.
+/// Without such an entry the guest gets the #GP (error 0x402) of a gate it
+/// may not use.
 pub const LGUEST_SYSCALL_VECTOR: u8 = 0x80;
 
 /// Number of entries in the async hypercall ring.
