@@ -108,7 +108,9 @@ use core::fmt;
 use core::mem::offset_of;
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use lguest_abi::{LguestData, LGUEST_IRQS, LHCALL_LOAD_IDT_ENTRY, X86_EFLAGS_IF};
+use lguest_abi::{
+    LguestData, LguestIretUser, LGUEST_IRQS, LGUEST_USER_CS, LHCALL_IRET_USER, LHCALL_LOAD_IDT_ENTRY, X86_EFLAGS_IF,
+};
 
 use crate::data;
 use crate::hcall::hcall;
@@ -236,6 +238,15 @@ impl TrapFrame {
         u8::try_from(irq).ok().filter(|&n| usize::from(n) < LGUEST_IRQS)
     }
 
+    /// Whether the interrupted code ran in guest user mode (the host put
+    /// [`LGUEST_USER_CS`] in the frame, on the kernel stack of
+    /// `LHCALL_SET_STACK`). Such a frame is returned through with
+    /// `LHCALL_IRET_USER` (see [`crate::user`]), which the return path does
+    /// by itself.
+    pub fn from_user(&self) -> bool {
+        self.cs == LGUEST_USER_CS
+    }
+
     /// Whether the interrupted code had (virtual) interrupts on.
     pub fn interrupts_were_on(&self) -> bool {
         self.rflags & X86_EFLAGS_IF != 0
@@ -251,6 +262,10 @@ const OFF_VECTOR: usize = offset_of!(TrapFrame, vector);
 const OFF_ERROR: usize = offset_of!(TrapFrame, error);
 const OFF_RFLAGS: usize = offset_of!(TrapFrame, rflags);
 const _: () = {
+    // lguest_user_return turns the vector, error, rip and cs slots into
+    // the LguestIretUser frame (rax, rip, rflags, rsp).
+    assert!(core::mem::size_of::<LguestIretUser>() == 4 * 8);
+    assert!(OFF_ERROR == OFF_VECTOR + 8);
     // 15 registers, vector, error code, the 5-word hardware frame.
     assert!(core::mem::size_of::<TrapFrame>() == 22 * 8);
     assert!(OFF_VECTOR == 15 * 8);
@@ -312,6 +327,8 @@ global_asm!(
     "    andq $-16, %rsp",
     "    call {dispatch}",
     "    movq %rbx, %rsp",
+    "    cmpq ${user_cs}, {off_cs}(%rsp)",
+    "    je lguest_user_return",
     "    movq {off_rflags}(%rsp), %rax",
     "    andl ${if_mask}, %eax",
     "    movq %rax, {off_error}(%rsp)",
@@ -336,12 +353,50 @@ global_asm!(
     "lguest_noirq_iret:",
     "    iretq",
     ".size lguest_idt_common, . - lguest_idt_common",
+    "",
+    ".balign 16",
+    ".globl lguest_user_return",
+    ".type lguest_user_return, @function",
+    "lguest_user_return:",
+    "    movq {off_rip}(%rsp), %rax",
+    "    movq %rax, {off_error}(%rsp)",
+    "    movq {off_rflags}(%rsp), %rax",
+    "    movq %rax, {off_rip}(%rsp)",
+    "    movq {off_rsp}(%rsp), %rax",
+    "    movq %rax, {off_cs}(%rsp)",
+    "    movq {off_rax}(%rsp), %rax",
+    "    movq %rax, {off_vector}(%rsp)",
+    "    popq %r15",
+    "    popq %r14",
+    "    popq %r13",
+    "    popq %r12",
+    "    popq %r11",
+    "    popq %r10",
+    "    popq %r9",
+    "    popq %r8",
+    "    popq %rbp",
+    "    popq %rdi",
+    "    popq %rsi",
+    "    popq %rdx",
+    "    popq %rcx",
+    "    popq %rbx",
+    "    addq $8, %rsp",
+    "    movl ${iret_user}, %eax",
+    "    int $0x1f",
+    "    ud2",
+    ".size lguest_user_return, . - lguest_user_return",
     ".popsection",
     nr_vectors = const NR_VECTORS,
     stub_size = const STUB_SIZE,
     off_vector = const OFF_VECTOR,
     off_error = const OFF_ERROR,
     off_rflags = const OFF_RFLAGS,
+    off_rip = const offset_of!(TrapFrame, rip),
+    off_cs = const offset_of!(TrapFrame, cs),
+    off_rsp = const offset_of!(TrapFrame, rsp),
+    off_rax = const offset_of!(TrapFrame, rax),
+    user_cs = const LGUEST_USER_CS,
+    iret_user = const LHCALL_IRET_USER,
     if_mask = const X86_EFLAGS_IF,
     off_irq_enabled = const offset_of!(LguestData, irq_enabled),
     dispatch = sym dispatch,

@@ -46,16 +46,19 @@ pub mod console;
 pub mod cstr;
 pub mod data;
 pub mod entry;
+pub mod frames;
 pub mod hcall;
 #[cfg(feature = "alloc")]
 pub mod heap;
 pub mod interrupts;
 #[cfg(feature = "net")]
 pub mod net;
+pub mod paging;
 pub mod panic;
 pub mod paravirt;
 pub mod shutdown;
 pub mod start;
+pub mod user;
 #[cfg(feature = "virtio")]
 pub mod virtio;
 

@@ -186,7 +186,7 @@ impl RingState {
 
 /// The receive half.
 pub struct RxQueue<const QS: usize> {
-    q: VirtQueue<LguestHal, QS>,
+    q: Box<VirtQueue<LguestHal, QS>>,
     ring: RingState,
     bufs: Vec<Option<Box<[u8]>>>,
     stats: NetStats,
@@ -233,7 +233,7 @@ impl<const QS: usize> RxQueue<QS> {
 
 /// The transmit half.
 pub struct TxQueue<const QS: usize> {
-    q: VirtQueue<LguestHal, QS>,
+    q: Box<VirtQueue<LguestHal, QS>>,
     ring: RingState,
     /// Buffers in flight, by token, with the bytes handed over.
     inflight: Vec<Option<(Box<[u8]>, usize)>>,
@@ -356,8 +356,8 @@ impl<const QS: usize> VirtioNet<QS> {
             return Err(BusError::FeaturesRefused);
         }
         let event_idx = features & nf::RING_EVENT_IDX != 0;
-        let rxq = VirtQueue::<LguestHal, QS>::new(&mut transport, RX, false, event_idx)?;
-        let txq = VirtQueue::<LguestHal, QS>::new(&mut transport, TX, false, event_idx)?;
+        let rxq = Box::new(VirtQueue::<LguestHal, QS>::new(&mut transport, RX, false, event_idx)?);
+        let txq = Box::new(VirtQueue::<LguestHal, QS>::new(&mut transport, TX, false, event_idx)?);
         let mac = if features & nf::MAC != 0 { transport.read_config_space::<[u8; 6]>(0)? } else { [0; 6] };
         let csum = features & nf::CSUM != 0;
         let tso = features & nf::HOST_TSO4 != 0;

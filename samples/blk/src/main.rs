@@ -82,6 +82,7 @@ fn main(args: Args) -> ! {
                     }
                     s += n;
                 }
+                println!("blk: read-only: write refused ({e}), read {sectors} sectors OK");
                 poweroff_fmt(format_args!("blk: read-only: write refused ({e}), read {sectors} sectors OK"))
             }
         }
@@ -130,5 +131,6 @@ fn main(args: Args) -> ! {
         bus::interrupts_taken(blk.slot()),
         bus::kicks(blk.slot())
     );
+    println!("blk: wrote {sectors} sectors, flushed, verified OK");
     poweroff_fmt(format_args!("blk: wrote {sectors} sectors, flushed, verified OK"))
 }

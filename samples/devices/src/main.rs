@@ -68,7 +68,18 @@ fn fail(what: &str, e: impl fmt::Display) -> Failed {
     Failed(alloc::format!("devices: {what}: {e}"))
 }
 
+/// A page fault: crash with where it happened (more than the host says).
+fn page_fault(frame: &mut lguest_guest::TrapFrame) {
+    let cr2 = lguest_guest::data::cr2();
+    lguest_guest::crash_fmt(format_args!(
+        "devices: page fault at {cr2:#x} (error {:#x}) at rip {:#x} rsp {:#x}",
+        frame.error, frame.rip, frame.rsp
+    ))
+}
+
 fn main(_args: Args) -> Result<(), Failed> {
+    lguest_guest::interrupts::set_trap_handler(lguest_guest::interrupts::PAGE_FAULT, page_fault)
+        .map_err(|e| fail("interrupts", e))?;
     bus::init().map_err(|e| fail("interrupts", e))?;
     let devices = bus::devices();
     println!("devices: {} on the lguest bus at {:#x}", devices.len(), bus::bus().base);
@@ -151,6 +162,7 @@ fn main(_args: Args) -> Result<(), Failed> {
         lguest_guest::heap::used() / 1024,
         lguest_guest::heap::size() >> 20
     )?;
+    writeln!(out, "devices: done, powering off")?;
     drop(out);
     poweroff("devices: done")
 }
