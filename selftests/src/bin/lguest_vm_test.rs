@@ -323,6 +323,195 @@ fn ioeventfd_kicks() -> TestResult {
     Ok(())
 }
 
+// A guest kernel and its user program for the user-mode test. The kernel
+// (at CODE) installs handlers for int 0x80, #PF and #GP, switches to its own
+// page tables (at 0x300000, built by the test), sets its kernel stack and
+// enters user mode at 0x110000 with RAX 7. Each handler reports what it saw
+// with NOTIFY(tag, value): 0x80/0x81 the system call's RAX and frame CS,
+// 0x8e/0x8f/0x90 a page fault's error code, CS and CR2, 0x8d a #GP's error
+// code (then it powers off). The user program: two system calls, a read of
+// a kernel page, a hypercall attempt.
+core::arch::global_asm!(
+    ".pushsection .rodata.lguest_guest_user, \"a\"",
+    ".globl lguest_guest_user_start",
+    ".globl lguest_guest_user_end",
+    ".globl lguest_user_prog_start",
+    ".globl lguest_user_prog_end",
+    "lguest_guest_user_start:",
+    "mov esp, 0x170000",
+    "mov eax, 1",
+    "mov edi, 0x180000",
+    "int 0x1f",
+    "mov eax, 6",
+    "mov edi, 0x80",
+    "lea rsi, [rip + lg_user_h80]",
+    "mov edx, 0xf",
+    "int 0x1f",
+    "mov eax, 6",
+    "mov edi, 14",
+    "lea rsi, [rip + lg_user_h14]",
+    "mov edx, 0xe",
+    "int 0x1f",
+    "mov eax, 6",
+    "mov edi, 13",
+    "lea rsi, [rip + lg_user_h13]",
+    "mov edx, 0xe",
+    "int 0x1f",
+    "mov eax, 4",
+    "mov edi, 0x300000",
+    "int 0x1f",
+    "mov eax, 7",
+    "mov edi, 0x160000",
+    "int 0x1f",
+    "sub rsp, 32",
+    "mov qword ptr [rsp], 7",
+    "mov qword ptr [rsp + 8], 0x110000",
+    "mov qword ptr [rsp + 16], 0x202",
+    "mov qword ptr [rsp + 24], 0x121000",
+    "mov eax, 20",
+    "int 0x1f",
+    "ud2",
+    // int 0x80: frame [rip, cs, rflags, rsp, ss]
+    "lg_user_h80:",
+    "mov rbx, rax",
+    "mov eax, 17",
+    "mov edi, 0x80",
+    "mov rsi, rbx",
+    "int 0x1f",
+    "mov eax, 17",
+    "mov edi, 0x81",
+    "mov rsi, [rsp + 8]",
+    "int 0x1f",
+    "mov rcx, [rsp]",
+    "mov rdx, [rsp + 16]",
+    "mov r8, [rsp + 24]",
+    "sub rsp, 32",
+    "lea r9, [rbx + 1]",
+    "mov [rsp], r9",
+    "mov [rsp + 8], rcx",
+    "mov [rsp + 16], rdx",
+    "mov [rsp + 24], r8",
+    "mov eax, 20",
+    "int 0x1f",
+    "ud2",
+    // #PF: frame [error, rip, cs, rflags, rsp, ss]; resume after the
+    // faulting 8-byte instruction.
+    "lg_user_h14:",
+    "mov eax, 17",
+    "mov edi, 0x8e",
+    "mov rsi, [rsp]",
+    "int 0x1f",
+    "mov eax, 17",
+    "mov edi, 0x8f",
+    "mov rsi, [rsp + 16]",
+    "int 0x1f",
+    "mov eax, 17",
+    "mov edi, 0x90",
+    "mov rsi, [0x180010]",
+    "int 0x1f",
+    "mov rcx, [rsp + 8]",
+    "add rcx, 8",
+    "mov rdx, [rsp + 24]",
+    "mov r8, [rsp + 32]",
+    "sub rsp, 32",
+    "mov qword ptr [rsp], 0",
+    "mov [rsp + 8], rcx",
+    "mov [rsp + 16], rdx",
+    "mov [rsp + 24], r8",
+    "mov eax, 20",
+    "int 0x1f",
+    "ud2",
+    // #GP: report the error code and power off.
+    "lg_user_h13:",
+    "mov eax, 17",
+    "mov edi, 0x8d",
+    "mov rsi, [rsp]",
+    "int 0x1f",
+    "mov eax, 2",
+    "mov edi, 0x181000",
+    "mov esi, 1",
+    "int 0x1f",
+    "ud2",
+    "lguest_guest_user_end:",
+    // The user program (at 0x110000).
+    "lguest_user_prog_start:",
+    "lea rax, [rax + 34]",
+    "int 0x80",
+    "int 0x80",
+    "mov rax, qword ptr [0x180000]",
+    "int 0x1f",
+    "ud2",
+    "lguest_user_prog_end:",
+    ".popsection",
+);
+
+extern "C" {
+    static lguest_guest_user_start: u8;
+    static lguest_guest_user_end: u8;
+    static lguest_user_prog_start: u8;
+    static lguest_user_prog_end: u8;
+}
+
+/// The bytes between two symbols of this program's read-only data.
+///
+/// # Safety
+///
+/// `start` and `end` must delimit one assembled blob above.
+unsafe fn blob(start: *const u8, end: *const u8) -> Vec<u8> {
+    // SAFETY: guaranteed by the caller.
+    unsafe { std::slice::from_raw_parts(start, end as usize - start as usize).to_vec() }
+}
+
+/// Guest user mode: the guest kernel enters its user program with
+/// IRET_USER (RAX from the frame), system calls with `int $0x80` arrive on
+/// the kernel stack with CS = LGUEST_USER_CS and return with the kernel's
+/// RAX, a user read of a supervisor page is a page fault with error U|P
+/// (0x5) in the guest kernel, and a hypercall attempt from user mode is the
+/// guest kernel's #GP (error 0xfa), never a hypercall.
+fn user_mode() -> TestResult {
+    // SAFETY: the symbols delimit the blobs assembled above.
+    let (kernel, user) = unsafe {
+        (
+            blob(std::ptr::addr_of!(lguest_guest_user_start), std::ptr::addr_of!(lguest_guest_user_end)),
+            blob(std::ptr::addr_of!(lguest_user_prog_start), std::ptr::addr_of!(lguest_user_prog_end)),
+        )
+    };
+    let vm = TestVm::new(&kernel)?;
+    vm.mem.write(0x11_0000, &user);
+    const P: u64 = 1;
+    const RW: u64 = 2;
+    const US: u64 = 4;
+    let (pml4, pdpt, pd, pt) = (0x30_0000u64, 0x30_1000u64, 0x30_2000u64, 0x30_3000u64);
+    let e = |at: u64, v: u64| vm.mem.put::<u64>(at as usize, v);
+    e(pml4, pdpt | P | RW | US);
+    e(pdpt, pd | P | RW | US);
+    e(pd, pt | P | RW | US);
+    for page in 0x100u64..0x200 {
+        let flags = match page {
+            0x110 => P | US,
+            0x120 => P | RW | US,
+            _ => P | RW,
+        };
+        e(pt + 8 * page, (page << 12) | flags);
+    }
+    let mut notes = Vec::new();
+    for _ in 0..16 {
+        check_eq!(vm.run(), Ok(0), "RUN");
+        if vm.exit_reason() != abi::LGUEST_EXIT_NOTIFY {
+            break;
+        }
+        notes.push((vm.run_page().read::<u64>(8), vm.run_page().read::<u64>(16)));
+    }
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_SHUTDOWN, format!("exit after {notes:x?} ({})", vm.message()));
+    let cs = abi::LGUEST_USER_CS;
+    let want =
+        vec![(0x80, 41), (0x81, cs), (0x80, 42), (0x81, cs), (0x8e, 0x5), (0x8f, cs), (0x90, 0x18_0000), (0x8d, 0xfa)];
+    check_eq!(notes, want, "what the guest kernel saw");
+    let shadow: u64 = vm.run_page().read(48);
+    check!(shadow > 2 && shadow < 64, "shadow pages: {shadow}");
+    Ok(())
+}
+
 /// A VM built from a code blob: the file, its memory and its run page.
 struct TestVm {
     f: File,
@@ -922,6 +1111,7 @@ fn main() -> ExitCode {
         ("create_destroy_1000", create_destroy_1000),
         ("shadow_paging", shadow_paging),
         ("shadow_paging_faults", shadow_paging_faults),
+        ("user_mode", user_mode),
         ("halt_sleeps_irq_wakes", halt_sleeps_irq_wakes),
         ("irqfd_wakes_halted_guest", irqfd_wakes_halted_guest),
         ("irqfd_signalled_before_bind", irqfd_signalled_before_bind),
