@@ -3,7 +3,7 @@
 //! reproducible, for the host selftests.
 //!
 //! ```text
-//! fuzz seed=N count=N [kill_rate=PERMILLE]
+//! fuzz seed=N count=N [kill_rate=PERMILLE] [paging=PERMILLE]
 //! ```
 //!
 //! It installs a handler on every exception vector the host delivers and
@@ -33,6 +33,9 @@
 //!   the guest's own page tables (`NEW_PGTABLE`) and random updates of a
 //!   scratch window in them, each checked by accessing it (see
 //!   [`paging`]).
+//!
+//! With `paging=P`, P operations in a thousand (default 0, on top of the
+//! usual few) are page-table operations, from the first operation on.
 //!
 //! With probability `kill_rate`/1000 per operation (default 0), it instead
 //! performs one operation the host must kill it for, announced first as
@@ -152,16 +155,19 @@ struct Fuzz {
     /// operation from which the fuzzer may switch to them.
     paging: Option<paging::Paging>,
     paging_from: u64,
+    /// Extra page-table operations per thousand (`paging=`), on top of
+    /// the usual mix.
+    paging_rate: u64,
     stats: Stats,
 }
 
 fn usage() -> ! {
-    println!("fuzz: usage: fuzz seed=N count=N [kill_rate=PERMILLE]");
+    println!("fuzz: usage: fuzz seed=N count=N [kill_rate=PERMILLE] [paging=PERMILLE]");
     crash("fuzz: bad command line")
 }
 
 fn main(args: Args) -> ! {
-    let (mut seed, mut count, mut kill_rate) = (None, None, 0u64);
+    let (mut seed, mut count, mut kill_rate, mut paging_rate) = (None, None, 0u64, 0u64);
     for word in args {
         let Some((key, value)) = word.split_once('=') else { usage() };
         let Ok(value) = value.parse::<u64>() else { usage() };
@@ -169,6 +175,7 @@ fn main(args: Args) -> ! {
             "seed" => seed = Some(value),
             "count" => count = Some(value),
             "kill_rate" if value <= 1000 => kill_rate = value,
+            "paging" if value <= 1000 => paging_rate = value,
             _ => usage(),
         }
     }
@@ -187,8 +194,18 @@ fn main(args: Args) -> ! {
         println!("fuzz: seed {seed}: not enough RAM for page tables: no page-table operations");
     }
     let mut rng = Rng::new(seed);
-    let paging_from = rng.below(count / 2 + 1);
-    let mut f = Fuzz { rng, mem, irq_on: false, ring: ring::Ring::new(), paging, paging_from, stats: Stats::default() };
+    // With extra page-table operations asked for, from the start.
+    let paging_from = if paging_rate > 0 { 0 } else { rng.below(count / 2 + 1) };
+    let mut f = Fuzz {
+        rng,
+        mem,
+        irq_on: false,
+        ring: ring::Ring::new(),
+        paging,
+        paging_from,
+        paging_rate,
+        stats: Stats::default(),
+    };
     for op in 0..count {
         OP.store(op, Ordering::Relaxed);
         if f.rng.chance(kill_rate) {
@@ -270,6 +287,13 @@ impl Fuzz {
 
     /// One operation the host must accept.
     fn one(&mut self, op: u64) {
+        // (No draw at all without `paging=`: old seeds replay unchanged.)
+        if self.paging_rate > 0 && self.rng.chance(self.paging_rate) {
+            if let Some(p) = self.paging.as_mut() {
+                p.op(&mut self.rng, &mut self.ring);
+                return;
+            }
+        }
         match self.rng.below(1000) {
             345..350 => {
                 let nr = self.rng.pick(PAGE_TABLE_ANY);

@@ -105,6 +105,18 @@ impl Outcome {
         Some((ops.parse().ok()?, hcalls.strip_suffix(" hypercalls")?.parse().ok()?))
     }
 
+    /// The guest's paging line, `... N entry updates, A accesses, F of them
+    /// faults`: (N, A, F).
+    fn paging_counts(&self, seed: u64) -> Option<(u64, u64, u64)> {
+        let prefix = format!("fuzz: seed {seed}: paging: ");
+        let line = self.stdout.lines().find(|l| l.starts_with(&prefix))?;
+        let (_, rest) = line.split_once(", ")?;
+        let (updates, rest) = rest.split_once(" entry updates, ")?;
+        let (accesses, rest) = rest.split_once(" accesses, ")?;
+        let faults = rest.strip_suffix(" of them faults")?;
+        Some((updates.parse().ok()?, accesses.parse().ok()?, faults.parse().ok()?))
+    }
+
     /// The reason after `lguest: guest killed by the host: `, if any.
     fn kill_reason(&self) -> Option<&str> {
         self.stderr.lines().find_map(|l| l.strip_prefix("lguest: guest killed by the host: "))
@@ -173,6 +185,13 @@ impl Running {
         Ok(Outcome { cmd: self.cmd, code, stdout, stderr, took })
     }
 }
+
+/// Page-table entry updates the page-table test wants in all.
+const PAGE_TABLE_UPDATES: u64 = 100_000;
+/// Operations per run of the page-table test, and how many of a thousand
+/// are page-table operations.
+const PAGE_TABLE_OPS: u64 = 100_000;
+const PAGE_TABLE_RATE: u64 = 900;
 
 fn fuzz_args(seed: u64, count: u64, kill_rate: u64) -> Vec<String> {
     vec![format!("seed={seed}"), format!("count={count}"), format!("kill_rate={kill_rate}")]
@@ -320,10 +339,52 @@ fn million_hypercalls() -> TestResult {
     Ok(())
 }
 
+/// At least 10^5 page-table entry updates (each told to the host with
+/// SET_PTE, the async ring or a flush, and most followed by an access whose
+/// outcome the guest checks) from runs with `paging=900`; none may kill.
+fn page_table_ops() -> TestResult {
+    let start = Instant::now();
+    let (mut updates, mut accesses, mut faults, mut runs) = (0u64, 0u64, 0u64, 0u64);
+    let mut seed = 5000u64;
+    while updates < PAGE_TABLE_UPDATES {
+        if start.elapsed() > MILLION_BUDGET {
+            fail!("only {updates} page-table updates in {runs} runs within {MILLION_BUDGET:?}");
+        }
+        let mut args = fuzz_args(seed, PAGE_TABLE_OPS, 0);
+        args.push(format!("paging={PAGE_TABLE_RATE}"));
+        let batch: Vec<(u64, Running)> = (0..MILLION_PARALLEL as u64)
+            .map(|i| {
+                let mut a = args.clone();
+                a[0] = format!("seed={}", seed + i);
+                spawn("fuzz", &a).map(|r| (seed + i, r))
+            })
+            .collect::<Result<_, _>>()?;
+        seed += MILLION_PARALLEL as u64;
+        for (s, r) in batch {
+            let o = r.wait(RUN_TIMEOUT)?;
+            check_clean(&o, s, PAGE_TABLE_OPS)?;
+            let Some((u, a, f)) = o.paging_counts(s) else {
+                fail!("seed {s}: no paging line: {}", o.describe());
+            };
+            updates += u;
+            accesses += a;
+            faults += f;
+            runs += 1;
+        }
+    }
+    println!(
+        "# page_table_ops: {updates} entry updates, {accesses} checked accesses ({faults} faults as expected) in {runs} \
+         runs, {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 fn main() -> ExitCode {
     t::run(&[
         ("valid_ops_never_kill", valid_ops_never_kill),
         ("fatal_ops_kill_with_reason", fatal_ops_kill_with_reason),
         ("million_hypercalls", million_hypercalls),
+        ("page_table_ops", page_table_ops),
     ])
 }
