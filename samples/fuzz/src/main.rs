@@ -74,9 +74,9 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use lguest_guest::abi::{
     LGUEST_IRQS, LGUEST_MAX_MEM, LGUEST_SHUTDOWN_POWEROFF, LHCALL_FLUSH_ASYNC, LHCALL_FLUSH_TLB, LHCALL_HALT,
-    LHCALL_LGUEST_INIT, LHCALL_LOAD_GDT_ENTRY, LHCALL_LOAD_IDT_ENTRY, LHCALL_LOAD_TLS, LHCALL_NEW_PGTABLE,
-    LHCALL_NOTIFY, LHCALL_SEND_INTERRUPTS, LHCALL_SET_CLOCKEVENT, LHCALL_SET_PGD, LHCALL_SET_PMD, LHCALL_SET_PTE,
-    LHCALL_SET_STACK, LHCALL_SHUTDOWN, LHCALL_TS, X86_EFLAGS_IF,
+    LHCALL_IRET_USER, LHCALL_LGUEST_INIT, LHCALL_LOAD_GDT_ENTRY, LHCALL_LOAD_IDT_ENTRY, LHCALL_LOAD_TLS,
+    LHCALL_NEW_PGTABLE, LHCALL_NOTIFY, LHCALL_SEND_INTERRUPTS, LHCALL_SET_CLOCKEVENT, LHCALL_SET_PGD, LHCALL_SET_PMD,
+    LHCALL_SET_PTE, LHCALL_SET_STACK, LHCALL_SHUTDOWN, LHCALL_TS, X86_EFLAGS_IF,
 };
 use lguest_guest::interrupts::{self, GATE_INTERRUPT, GATE_TRAP};
 use lguest_guest::{clock, crash, crash_fmt, data, entry, paravirt, poweroff_fmt, println, Args};
@@ -115,17 +115,13 @@ pub fn announce(what: fmt::Arguments<'_>, expect: fmt::Arguments<'_>) {
 static EMPTY: [u8; 1] = [0];
 
 /// The hypercalls this host does not support yet, with their names.
-const UNSUPPORTED: &[(u64, &str)] = &[
-    (LHCALL_SET_STACK, "SET_STACK"),
-    (LHCALL_TS, "TS"),
-    (LHCALL_LOAD_TLS, "LOAD_TLS"),
-    (LHCALL_LOAD_GDT_ENTRY, "LOAD_GDT_ENTRY"),
-];
+const UNSUPPORTED: &[(u64, &str)] =
+    &[(LHCALL_TS, "TS"), (LHCALL_LOAD_TLS, "LOAD_TLS"), (LHCALL_LOAD_GDT_ENTRY, "LOAD_GDT_ENTRY")];
 /// The page-table hypercalls that take any arguments: the flushes, and
 /// `SET_PTE`, which only drops the shadow of the page named.
 const PAGE_TABLE_ANY: &[u64] = &[LHCALL_FLUSH_TLB, LHCALL_SET_PMD, LHCALL_SET_PGD, LHCALL_SET_PTE];
 /// Every hypercall number the host knows.
-const KNOWN: &[u64] = &[0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 13, 14, 15, 16, 17, 18, 19];
+const KNOWN: &[u64] = &[0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 13, 14, 15, 16, 17, 18, 19, 20];
 /// Vectors the host keeps for itself.
 const HOST_VECTORS: &[u64] = &[2, 8, 18, 31];
 /// Exception vectors the CPU never raises here (reserved, #VE, ...).
@@ -546,6 +542,7 @@ impl Fuzz {
                 announce(format_args!("hypercall {nr}"), format_args!("bad hypercall {nr}"));
                 hc::fatal_hcall(nr, self.args())
             }
+            1 if self.rng.chance(300) => self.bad_user_mode(),
             1 => {
                 let (nr, name) = self.unsupported();
                 announce(
@@ -646,6 +643,29 @@ impl Fuzz {
                 return nr;
             }
         }
+    }
+
+    /// A user-mode hypercall the host must refuse: a bad kernel stack for
+    /// `SET_STACK`, or `IRET_USER` before the guest has its own page tables
+    /// or a kernel stack (the fuzzer never sets one).
+    fn bad_user_mode(&mut self) -> ! {
+        if self.rng.chance(500) {
+            let stack = match self.rng.below(3) {
+                0 => 0,
+                1 => 1 << 47,
+                _ => {
+                    let high = (1 << 47) + self.rng.below(1 << 40);
+                    self.rng.pick(&[u64::MAX, 0xffff_8000_0000_0000, high])
+                }
+            };
+            announce(format_args!("SET_STACK({stack:#x})"), format_args!("SET_STACK: bad kernel stack {stack:#x}"));
+            let a = self.args();
+            hc::fatal_hcall(LHCALL_SET_STACK, [stack, a[1], a[2], a[3]])
+        }
+        let own_tables = self.paging.as_ref().is_some_and(|p| p.active.is_some());
+        let reason = if own_tables { "IRET_USER before SET_STACK" } else { "IRET_USER before NEW_PGTABLE" };
+        announce(format_args!("IRET_USER"), format_args!("{reason}"));
+        hc::fatal_hcall(LHCALL_IRET_USER, self.args())
     }
 
     /// A hypercall this host does not support yet.
