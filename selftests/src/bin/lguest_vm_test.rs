@@ -625,6 +625,123 @@ fn shadow_teardown() -> TestResult {
     Ok(())
 }
 
+// A guest for the shadow root cache test. Roots A (0x300000) and B
+// (0x310000), built by the test, both map the guest (1-2 MiB) and a test
+// region of 100 pages at 2 MiB through tables of their own (and the tables
+// at 3 MiB). The guest
+// touches the region under A, under B, under A again (reporting after each
+// with NOTIFY(n)), then, still on A, points B's entry for 2 MiB at the page
+// at 0x280000, tells the host with SET_PTE(B, ...), switches to B and
+// reports what it reads there with NOTIFY(4, value).
+core::arch::global_asm!(
+    ".pushsection .rodata.lguest_guest_roots, \"a\"",
+    ".globl lguest_guest_roots_start",
+    ".globl lguest_guest_roots_end",
+    "lguest_guest_roots_start:",
+    "mov esp, 0x170000",
+    "mov eax, 1",
+    "mov edi, 0x180000",
+    "int 0x1f",
+    "mov r12d, 0x300000",
+    "mov r13d, 0x310000",
+    "mov r14d, 1",
+    "lg_roots_round:",
+    "mov eax, 4",
+    "mov rdi, r12",
+    "int 0x1f",
+    "mov ecx, 0",
+    "lg_roots_touch:",
+    "mov rdx, rcx",
+    "shl rdx, 12",
+    "mov rax, [rdx + 0x200000]",
+    "inc ecx",
+    "cmp ecx, 100",
+    "jne lg_roots_touch",
+    "mov eax, 17",
+    "mov rdi, r14",
+    "int 0x1f",
+    "xchg r12, r13",
+    "inc r14d",
+    "cmp r14d, 4",
+    "jne lg_roots_round",
+    // Now on A (r13 = A, r12 = B). B's entry for 2 MiB: in B's second page
+    // table at 0x314000.
+    "mov rdx, 0x280007",
+    "mov [0x314000], rdx",
+    "mov eax, 14",
+    "mov rdi, r12",
+    "mov esi, 0x200000",
+    "int 0x1f",
+    "mov eax, 4",
+    "mov rdi, r12",
+    "int 0x1f",
+    "mov rsi, [0x200000]",
+    "mov eax, 17",
+    "mov edi, 4",
+    "int 0x1f",
+    "mov eax, 2",
+    "mov edi, 0x181000",
+    "mov esi, 1",
+    "int 0x1f",
+    "ud2",
+    "lguest_guest_roots_end:",
+    ".popsection",
+);
+
+extern "C" {
+    static lguest_guest_roots_start: u8;
+    static lguest_guest_roots_end: u8;
+}
+
+/// The cache of shadow roots: touching 100 pages costs about 100 exits the
+/// first time under each root, and nearly none when the guest switches
+/// back to a root the host still has; `SET_PTE` naming a root that is not
+/// current still reaches that root's cached shadow.
+fn shadow_root_cache() -> TestResult {
+    // SAFETY: the symbols delimit the blob assembled above.
+    let code =
+        unsafe { blob(std::ptr::addr_of!(lguest_guest_roots_start), std::ptr::addr_of!(lguest_guest_roots_end)) };
+    let vm = TestVm::new(&code)?;
+    const P: u64 = 1;
+    const RW: u64 = 2;
+    let e = |at: u64, v: u64| vm.mem.put::<u64>(at as usize, v);
+    for base in [0x30_0000u64, 0x31_0000] {
+        let (pml4, pdpt, pd, pt1, pt2) = (base, base + 0x1000, base + 0x2000, base + 0x3000, base + 0x4000);
+        e(pml4, pdpt | P | RW);
+        e(pdpt, pd | P | RW);
+        e(pd, pt1 | P | RW);
+        e(pd + 8, pt2 | P | RW);
+        for page in 0x100u64..0x200 {
+            e(pt1 + 8 * page, (page << 12) | P | RW);
+        }
+        // The test region, and the tables themselves (at 3 MiB).
+        for i in (0..100u64).chain(0x100..0x120) {
+            e(pt2 + 8 * i, (0x20_0000 + (i << 12)) | P | RW);
+        }
+    }
+    const MARKER: u64 = 0x0bad_cafe_f00d_0001;
+    vm.mem.put::<u64>(0x20_0000, 0x1111);
+    vm.mem.put::<u64>(0x28_0000, MARKER);
+    let mut exits = vec![vm.run_page().read::<u64>(32)];
+    let mut notes = Vec::new();
+    for _ in 0..5 {
+        check_eq!(vm.run(), Ok(0), "RUN");
+        if vm.exit_reason() != abi::LGUEST_EXIT_NOTIFY {
+            break;
+        }
+        notes.push((vm.run_page().read::<u64>(8), vm.run_page().read::<u64>(16)));
+        exits.push(vm.run_page().read::<u64>(32));
+    }
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_SHUTDOWN, format!("exit after {notes:x?} ({})", vm.message()));
+    check_eq!(notes.len(), 4, "reports");
+    let cost: Vec<u64> = exits.windows(2).map(|w| w[1] - w[0]).collect();
+    println!("# exits per round: A first {}, B first {}, A again {}", cost[0], cost[1], cost[2]);
+    check!(cost[0] >= 100 && cost[1] >= 100, "first touches under each root: {cost:?} exits");
+    check!(cost[2] <= 10, "touching again under a cached root took {} exits", cost[2]);
+    check_eq!(notes[3], (4, MARKER), "B's remapped page after SET_PTE(B) from A");
+    Ok(())
+}
+
 /// A VM built from a code blob: the file, its memory and its run page.
 struct TestVm {
     f: File,
@@ -1226,6 +1343,7 @@ fn main() -> ExitCode {
         ("shadow_paging_faults", shadow_paging_faults),
         ("user_mode", user_mode),
         ("shadow_teardown", shadow_teardown),
+        ("shadow_root_cache", shadow_root_cache),
         ("halt_sleeps_irq_wakes", halt_sleeps_irq_wakes),
         ("irqfd_wakes_halted_guest", irqfd_wakes_halted_guest),
         ("irqfd_signalled_before_bind", irqfd_signalled_before_bind),
