@@ -48,8 +48,7 @@ struct Pool {
     size: u64,
 }
 
-static POOL: GuestCell<Pool> =
-    GuestCell::new(Pool { next: 0, end: 0, free_small: 0, free_large: 0, used: 0, size: 0 });
+static POOL: GuestCell<Pool> = GuestCell::new(Pool { next: 0, end: 0, free_small: 0, free_large: 0, used: 0, size: 0 });
 
 /// Runs `f` on the pool with interrupts off.
 fn with<R>(f: impl FnOnce(&mut Pool) -> R) -> R {

@@ -58,8 +58,8 @@ use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use lguest_abi::{
-    HcallArgs, LguestData, LGUEST_LOAD_MIN, LHCALL_FLUSH_ASYNC, LHCALL_FLUSH_TLB, LHCALL_NEW_PGTABLE,
-    LHCALL_RING_SIZE, LHCALL_SET_PGD, LHCALL_SET_PMD, LHCALL_SET_PTE, LHCALL_STATUS_DONE,
+    HcallArgs, LguestData, LGUEST_LOAD_MIN, LHCALL_FLUSH_ASYNC, LHCALL_FLUSH_TLB, LHCALL_NEW_PGTABLE, LHCALL_RING_SIZE,
+    LHCALL_SET_PGD, LHCALL_SET_PMD, LHCALL_SET_PTE, LHCALL_STATUS_DONE,
 };
 
 use crate::hcall::hcall;

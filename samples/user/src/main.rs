@@ -1,0 +1,248 @@
+// SPDX-License-Identifier: GPL-2.0
+//! `user`: runs a small program in guest user mode.
+//!
+//! The kernel builds its own page tables ([`lguest_guest::paging`]), makes
+//! a fresh address space, maps the program (the page-aligned section
+//! `.text.user_prog` of this image, read-only and executable for user
+//! mode) and a user stack (read/write, no-execute), and runs it with
+//! [`lguest_guest::user::run`]. The program, in assembly (position
+//! independent: it runs at [`USER_CODE`], not where it was linked):
+//!
+//! 1. writes "hello from user mode" with the `write` system call;
+//! 2. makes 1000 `getcounter` system calls and counts the ones that did not
+//!    return the previous value plus one (R14);
+//! 3. tries a hypercall, `int $0x1f` with `LHCALL_SHUTDOWN` and a message:
+//!    the host must turn it into a #GP with error code 0xfa for the guest
+//!    kernel (whose fault hook skips the instruction and puts a marker in
+//!    RAX) and must not power off;
+//! 4. reads a kernel-only page (the `lguest_data` page, whose address the
+//!    kernel passes in RDI): the kernel's #PF handler must see a user-mode
+//!    protection fault, error code U|P (0x5), at that address, and kills the
+//!    program.
+//!
+//! The kernel then checks all of it and powers off with
+//! `user: done: N syscalls (1 write, 1000 getcounter), hypercall -> #GP
+//! error 0xfa, killed by #PF error 0x5 at ADDR` or crashes with what was
+//! wrong.
+#![no_std]
+#![no_main]
+
+use core::arch::global_asm;
+use core::ptr::addr_of;
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use lguest_guest::abi::{LGUEST_SHUTDOWN_POWEROFF, LHCALL_SHUTDOWN};
+use lguest_guest::paging::{self, pte, AddressSpace, PageSize, PAGE_SIZE, USER_START};
+use lguest_guest::user::{self, Exit, UserRegs, HCALL_GP_ERROR, SYS_COUNTER, SYS_EXIT, SYS_WRITE};
+use lguest_guest::{crash_fmt, entry, frames, poweroff_fmt, println, Args, TrapFrame};
+
+entry!(main);
+
+/// Where the program's code is mapped.
+const USER_CODE: u64 = USER_START;
+/// Where its stack is mapped (4 pages below `USER_STACK_TOP`).
+const USER_STACK_TOP: u64 = USER_START + 0x40_0000;
+const STACK_PAGES: u64 = 4;
+/// `getcounter` calls the program makes.
+const COUNTER_CALLS: u64 = 1000;
+/// What the fault hook puts in RAX when it skips the hypercall attempt.
+const HCALL_MARKER: u64 = 0x1f1f_0bad;
+/// The message the program writes.
+const MESSAGE: &str = "hello from user mode\n";
+
+// The user program. R12 = the kernel address to read (from RDI); R13 =
+// what `write` returned; R14 = wrong counter values; RBX = RAX after the
+// hypercall attempt. All RIP-relative, so it runs at any address.
+global_asm!(
+    ".pushsection .text.user_prog, \"ax\", @progbits",
+    ".balign 4096",
+    ".globl user_prog_start",
+    "user_prog_start:",
+    "    mov r12, rdi",
+    "    lea rdi, [rip + 5f]",
+    "    mov esi, {msg_len}",
+    "    mov eax, {sys_write}",
+    "    int 0x80",
+    "    mov r13, rax",
+    "    xor r14d, r14d",
+    "    mov eax, {sys_counter}",
+    "    int 0x80",
+    "    mov r15, rax",
+    "    mov ecx, {loops}",
+    "2:  mov eax, {sys_counter}",
+    "    int 0x80",
+    "    inc r15",
+    "    cmp rax, r15",
+    "    je 3f",
+    "    inc r14",
+    "3:  dec ecx",
+    "    jnz 2b",
+    "    lea rdi, [rip + 6f]",
+    "    mov esi, {poweroff}",
+    "    mov eax, {shutdown}",
+    "    int 0x1f",
+    "    mov rbx, rax",
+    "    mov rax, qword ptr [r12]",
+    "    mov edi, 99",
+    "    mov eax, {sys_exit}",
+    "    int 0x80",
+    "    ud2",
+    "5:  .ascii \"hello from user mode\\n\"",
+    "6:  .asciz \"user: the hypercall from user mode reached the host\"",
+    ".balign 4096",
+    ".globl user_prog_end",
+    "user_prog_end:",
+    ".popsection",
+    msg_len = const MESSAGE.len(),
+    sys_write = const SYS_WRITE,
+    sys_counter = const SYS_COUNTER,
+    sys_exit = const SYS_EXIT,
+    loops = const COUNTER_CALLS - 1,
+    poweroff = const LGUEST_SHUTDOWN_POWEROFF,
+    shutdown = const LHCALL_SHUTDOWN,
+);
+
+extern "C" {
+    static user_prog_start: u8;
+    static user_prog_end: u8;
+}
+
+/// #GP faults with the hypercall error code the hook saw.
+static HCALL_GPS: AtomicU64 = AtomicU64::new(0);
+/// Where it saw the last one.
+static HCALL_RIP: AtomicU64 = AtomicU64::new(0);
+
+/// The fault hook: a #GP with error 0xfa from user mode is the hypercall
+/// attempt; skip the two-byte `int $0x1f` and resume with a marker in RAX.
+/// Anything else kills the program.
+///
+/// Hardware reports a #GP of a gate's DPL check at the `int` instruction
+/// itself; a frame whose RIP is already past it is a host bug: it is
+/// counted in [`HCALL_RIP_AFTER`] (and fails the test at the end), and the
+/// program resumes where that RIP says, so the rest still runs.
+fn fault_hook(frame: &mut TrapFrame, _cr2: u64) -> bool {
+    if frame.vector == 13 && frame.error == HCALL_GP_ERROR {
+        HCALL_GPS.fetch_add(1, Ordering::Relaxed);
+        HCALL_RIP.store(frame.rip, Ordering::Relaxed);
+        if code_at(frame.rip) == INT_1F {
+            frame.rip += 2;
+        } else if code_at(frame.rip.wrapping_sub(2)) == INT_1F {
+            HCALL_RIP_AFTER.fetch_add(1, Ordering::Relaxed);
+        } else {
+            return false;
+        }
+        frame.rax = HCALL_MARKER;
+        return true;
+    }
+    false
+}
+
+/// The bytes of `int $0x1f`.
+const INT_1F: [u8; 2] = [0xcd, 0x1f];
+/// #GP frames of the hypercall attempt whose RIP was after the instruction.
+static HCALL_RIP_AFTER: AtomicU64 = AtomicU64::new(0);
+
+/// Two bytes of the program at user address `va` (zeros outside it).
+fn code_at(va: u64) -> [u8; 2] {
+    let len = PROG_LEN.load(Ordering::Relaxed);
+    if !(USER_CODE..USER_CODE + len - 1).contains(&va) {
+        return [0; 2];
+    }
+    // SAFETY: `va` and `va + 1` are in the program's pages, mapped (and
+    // readable for the kernel, which may read user pages) in the active
+    // space; read only.
+    unsafe { core::ptr::read_volatile(va as *const [u8; 2]) }
+}
+
+/// Bytes of the program's pages.
+static PROG_LEN: AtomicU64 = AtomicU64::new(0);
+
+fn fail(what: core::fmt::Arguments<'_>) -> ! {
+    crash_fmt(format_args!("user: FAIL: {what}"))
+}
+
+fn main(_args: Args) -> ! {
+    frames::init_free_ram();
+    if let Err(e) = paging::init_kernel() {
+        fail(format_args!("kernel map: {e}"));
+    }
+    let mut space = AddressSpace::new().unwrap_or_else(|e| fail(format_args!("address space: {e}")));
+    space.activate();
+    if let Err(e) = user::init() {
+        fail(format_args!("user::init: {e}"));
+    }
+    user::set_fault_hook(Some(fault_hook));
+
+    // The program's pages, read-only and executable for user mode.
+    let start = lguest_guest::virt_to_phys(addr_of!(user_prog_start));
+    let end = lguest_guest::virt_to_phys(addr_of!(user_prog_end));
+    for pa in (start..end).step_by(PAGE_SIZE as usize) {
+        if let Err(e) = space.map(USER_CODE + (pa - start), pa, PageSize::Small, pte::US) {
+            fail(format_args!("mapping the program: {e}"));
+        }
+    }
+    PROG_LEN.store(end - start, Ordering::Relaxed);
+    // Its stack.
+    for i in 1..=STACK_PAGES {
+        let frame = frames::alloc().unwrap_or_else(|| fail(format_args!("out of frames")));
+        if let Err(e) = space.map(USER_STACK_TOP - i * PAGE_SIZE, frame, PageSize::Small, pte::US | pte::RW | pte::NX) {
+            fail(format_args!("mapping the stack: {e}"));
+        }
+    }
+    let kernel_page = lguest_guest::data::address();
+    println!(
+        "user: program {:#x}..{:#x} at {USER_CODE:#x}, stack at {:#x}, kernel page {kernel_page:#x}",
+        start,
+        end,
+        USER_STACK_TOP - STACK_PAGES * PAGE_SIZE
+    );
+
+    let mut regs = UserRegs::new(USER_CODE, USER_STACK_TOP);
+    regs.rdi = kernel_page;
+    let exit = user::run(&regs);
+    let r = user::last_regs();
+    let syscalls = user::syscalls();
+    println!("user: program ended: {exit:x?}");
+    println!(
+        "user: {syscalls} syscalls, write returned {}, wrong counter values {}, rax after the hypercall {:#x}",
+        r.r13, r.r14, r.rbx
+    );
+
+    let Exit::Killed { vector, error, cr2, rip } = exit else {
+        fail(format_args!("the program was not killed: {exit:?}"));
+    };
+    if vector != 14 || error != 0x5 || cr2 != kernel_page {
+        fail(format_args!(
+            "expected #PF error 0x5 at {kernel_page:#x}, got vector {vector} error {error:#x} cr2 {cr2:#x}"
+        ));
+    }
+    if !(USER_CODE..USER_CODE + (end - start)).contains(&rip) {
+        fail(format_args!("the fault's rip {rip:#x} is not in the program"));
+    }
+    if r.r13 != MESSAGE.len() as u64 {
+        fail(format_args!("write returned {:#x}, expected {}", r.r13, MESSAGE.len()));
+    }
+    if r.r14 != 0 || user::counter() != COUNTER_CALLS {
+        fail(format_args!("{} wrong counter values, {} getcounter calls", r.r14, user::counter()));
+    }
+    if syscalls != COUNTER_CALLS + 1 {
+        fail(format_args!("{syscalls} syscalls, expected {}", COUNTER_CALLS + 1));
+    }
+    let gps = HCALL_GPS.load(Ordering::Relaxed);
+    if gps != 1 || r.rbx != HCALL_MARKER {
+        fail(format_args!("hypercall attempt: {gps} #GP 0xfa seen, rax after it {:#x}", r.rbx));
+    }
+    let hcall_rip = HCALL_RIP.load(Ordering::Relaxed);
+    if HCALL_RIP_AFTER.load(Ordering::Relaxed) != 0 {
+        fail(format_args!(
+            "the #GP of int $0x1f from user mode has rip {hcall_rip:#x}, after the instruction (hardware: at it, {:#x})",
+            hcall_rip - 2
+        ));
+    }
+    println!("user: hypercall from user mode: #GP error {HCALL_GP_ERROR:#x} at {hcall_rip:#x}, did not reach the host");
+    println!("user: kernel #PF handler: user-mode fault, error {error:#x} (U|P) at {cr2:#x}, rip {rip:#x}: killed");
+    poweroff_fmt(format_args!(
+        "user: done: {syscalls} syscalls (1 write, {COUNTER_CALLS} getcounter), hypercall -> #GP error \
+         {HCALL_GP_ERROR:#x}, killed by #PF error {error:#x} at {cr2:#x}"
+    ))
+}
