@@ -237,7 +237,13 @@ pub struct TxQueue<const QS: usize> {
     ring: RingState,
     /// Buffers in flight, by token, with the bytes handed over.
     inflight: Vec<Option<(Box<[u8]>, usize)>>,
+    /// Free buffers that hold any frame (64 KiB ones with TSO).
     free: Vec<Box<[u8]>>,
+    /// Free buffers for frames up to the MTU (with TSO; for ACKs and the
+    /// like, so that they do not take the big ones).
+    free_small: Vec<Box<[u8]>>,
+    /// Bytes of a big buffer.
+    big_len: usize,
     csum: bool,
     tso: bool,
     stats: NetStats,
@@ -254,7 +260,7 @@ impl<const QS: usize> TxQueue<QS> {
             // SAFETY: `buf[..len]` is what was added under `token`.
             let _ = unsafe { self.q.pop_used(token, &[&buf[..len]], &mut []) };
             self.ring.popped = self.ring.popped.wrapping_add(1);
-            self.free.push(buf);
+            self.put(buf);
             any = true;
         }
         if any {
@@ -263,7 +269,16 @@ impl<const QS: usize> TxQueue<QS> {
         }
     }
 
-    /// Whether a buffer is free (reclaiming if none is).
+    /// Returns a buffer to its pool.
+    fn put(&mut self, buf: Box<[u8]>) {
+        if buf.len() >= self.big_len {
+            self.free.push(buf);
+        } else {
+            self.free_small.push(buf);
+        }
+    }
+
+    /// Whether a buffer for any frame is free (reclaiming if none is).
     fn has_room(&mut self) -> bool {
         if self.free.is_empty() {
             self.reclaim();
@@ -271,11 +286,27 @@ impl<const QS: usize> TxQueue<QS> {
         !self.free.is_empty()
     }
 
+    /// A free buffer for `len` bytes (header included): a small one if
+    /// that will do, else a big one; reclaims once if there is none.
+    fn take(&mut self, len: usize) -> Option<Box<[u8]>> {
+        for round in 0..2 {
+            if round == 1 {
+                self.reclaim();
+            }
+            if let Some(i) = self.free_small.iter().rposition(|b| b.len() >= len) {
+                return Some(self.free_small.swap_remove(i));
+            }
+            if let Some(b) = self.free.pop() {
+                return Some(b);
+            }
+        }
+        None
+    }
+
     /// Sends `len` bytes that `f` writes into a frame.
     fn send<R>(&mut self, len: usize, meta: PacketMeta, f: impl FnOnce(&mut [u8]) -> R) -> R {
         let hl = NetHdr::SIZE;
-        let buf = if self.has_room() { self.free.pop() } else { None };
-        let Some(mut buf) = buf.filter(|b| b.len() >= hl + len) else {
+        let Some(mut buf) = self.take(hl + len).filter(|b| b.len() >= hl + len) else {
             // No room: let the stack write the frame somewhere, and drop it.
             self.stats.tx_dropped += 1;
             let mut scratch = vec![0u8; len];
@@ -313,7 +344,7 @@ impl<const QS: usize> TxQueue<QS> {
             }
             Err(_) => {
                 self.stats.tx_dropped += 1;
-                self.free.push(buf);
+                self.put(buf);
             }
         }
         r
@@ -361,8 +392,15 @@ impl<const QS: usize> VirtioNet<QS> {
         let mac = if features & nf::MAC != 0 { transport.read_config_space::<[u8; 6]>(0)? } else { [0; 6] };
         let csum = features & nf::CSUM != 0;
         let tso = features & nf::HOST_TSO4 != 0;
-        let (tx_bufs, tx_buf_len) =
-            if tso { (TSO_TX_BUFS.min(QS), NetHdr::SIZE + TSO_FRAME_MAX) } else { (QS, NetHdr::SIZE + ETH_FRAME_MAX) };
+        // With TSO: some big buffers and small ones for the rest of the
+        // ring; without: one size, as many as the ring holds.
+        let small_len = NetHdr::SIZE + ETH_FRAME_MAX;
+        let (big, big_len, small) = if tso {
+            let big = TSO_TX_BUFS.min(QS / 2);
+            (big, NetHdr::SIZE + TSO_FRAME_MAX, QS - big)
+        } else {
+            (QS, small_len, 0)
+        };
         let mut rx = RxQueue {
             q: rxq,
             ring: RingState::new(&transport, RX, QS, event_idx),
@@ -373,7 +411,9 @@ impl<const QS: usize> VirtioNet<QS> {
             q: txq,
             ring: RingState::new(&transport, TX, QS, event_idx),
             inflight: (0..QS).map(|_| None).collect(),
-            free: (0..tx_bufs).map(|_| vec![0u8; tx_buf_len].into_boxed_slice()).collect(),
+            free: (0..big).map(|_| vec![0u8; big_len].into_boxed_slice()).collect(),
+            free_small: (0..small).map(|_| vec![0u8; small_len].into_boxed_slice()).collect(),
+            big_len,
             csum,
             tso,
             stats: NetStats::default(),

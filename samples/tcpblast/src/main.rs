@@ -285,12 +285,9 @@ fn main(args: Args) -> ! {
                     closing = true;
                     did = true;
                 }
-                if closing
-                    && matches!(
-                        s.state(),
-                        tcp::State::Closed | tcp::State::TimeWait | tcp::State::FinWait2 | tcp::State::LastAck
-                    )
-                {
+                // Done once our FIN is acknowledged (not at LastAck: the FIN
+                // may still be on its way).
+                if closing && matches!(s.state(), tcp::State::Closed | tcp::State::TimeWait | tcp::State::FinWait2) {
                     break;
                 }
             }
