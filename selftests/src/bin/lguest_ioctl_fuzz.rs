@@ -8,17 +8,21 @@
 //!   outside RAM, reserved words set); random unknown commands; mmap,
 //!   munmap, mprotect and mremap of the run page with random lengths,
 //!   offsets, protections and flags (also MAP_FIXED into guest RAM);
-//!   read and write; eventfds and irqfds; guest RAM holding random code and
-//!   random hypercalls, unmapped, replaced or made read-only under live
-//!   VMs; fork, with a child that creates a VM on an inherited file and
-//!   exits. RUN is kicked out of a guest that spins by a watchdog thread.
+//!   read and write; eventfds, irqfds and ioeventfds (bound before and
+//!   after CREATE_VM, to addresses in the device window, MSG, 0, 2^47 - 1,
+//!   2^47 and beyond); guest RAM holding random code and random
+//!   hypercalls, unmapped, replaced or made read-only under live VMs;
+//!   fork, with a child that creates a VM on an inherited file and exits.
+//!   RUN is kicked out of a guest that spins by a watchdog thread.
 //!   Every result is checked against a model of the documented ABI
 //!   (Documentation/api.rst): an errno outside the set documented for the
 //!   call, or other than the one the model predicts, fails the test.
 //! - `four_threads_one_vm`: six rounds in which four threads share one VM,
 //!   each through its own `dup` of the file (the original is closed): A
-//!   loops RUN, B GET/SET_REGS (and CREATE_VM/CREATE_VCPU, refused), C
-//!   raises interrupts and binds, unbinds and signals irqfds, D kicks A with
+//!   loops RUN, B GET/SET_REGS (and CREATE_VM/CREATE_VCPU, refused; now and
+//!   then RIP back at the guest's NOTIFY of MSG), C raises interrupts,
+//!   binds, unbinds and signals irqfds and binds and unbinds ioeventfds (MSG
+//!   among them, so that B's NOTIFYs race the binding), D kicks A with
 //!   SIGUSR1 every ~0.2 ms (half the rounds through immediate_exit too) and
 //!   maps and unmaps the run page. While A runs, B unmaps guest RAM (then
 //!   the guest must die within 50 RUNs, as the host can no longer reach its
@@ -27,6 +31,11 @@
 //!   dangles), so that the file's last references go away inside a RUN; and
 //!   the threads close their descriptors in whatever order they finish, so
 //!   that any of them may destroy the VM.
+//! - `ioeventfd_notify`: LGUEST_IOEVENTFD's errors one by one; then the
+//!   guest's NOTIFY of MSG with MSG bound (no exit, RUN only ends at the
+//!   watchdog's signal, the eventfd counts 1), unbound (the NOTIFY exit,
+//!   the eventfd stays at 0), bound by another thread during RUN, and bound
+//!   to an eventfd whose descriptor was then closed.
 //! - `host_alive`: the device still answers, a fresh tiny guest still runs,
 //!   the kernel's taint flags gained no oops/warning/lockup bit, and the
 //!   program made at least 100000 calls.
@@ -77,7 +86,7 @@ const KERNEL_ADDRS: [u64; 7] = [
 ];
 
 /// The lguest ioctls.
-const LGUEST_CMDS: [u32; 8] = [
+const LGUEST_CMDS: [u32; 9] = [
     abi::LGUEST_GET_API_VERSION,
     abi::LGUEST_CREATE_VM,
     abi::LGUEST_CREATE_VCPU,
@@ -86,6 +95,7 @@ const LGUEST_CMDS: [u32; 8] = [
     abi::LGUEST_SET_REGS,
     abi::LGUEST_IRQ,
     abi::LGUEST_IRQFD,
+    abi::LGUEST_IOEVENTFD,
 ];
 
 /// ioctl type bytes that the VFS answers itself for every file (FIGETBSZ,
@@ -109,6 +119,8 @@ const GUEST_SPIN: &[u8] = &[
     0xeb, 0xfe, //                   jmp .
 ];
 const SPIN_JMP: u64 = CODE + 26;
+/// GUEST_SPIN's NOTIFY(MSG, 0), then its `jmp .`.
+const SPIN_NOTIFY: u64 = CODE + 12;
 
 // ---------------------------------------------------------------------------
 // Seeds, the PRNG, statistics.
@@ -293,6 +305,7 @@ enum Call {
     SetRegs,
     Irq,
     Irqfd,
+    Ioeventfd,
     Unknown,
     Open,
     Close,
@@ -323,6 +336,7 @@ impl Call {
             Call::SetRegs => "SET_REGS",
             Call::Irq => "IRQ",
             Call::Irqfd => "IRQFD",
+            Call::Ioeventfd => "IOEVENTFD",
             Call::Unknown => "unknown ioctl",
             Call::Open => "open",
             Call::Close => "close",
@@ -357,7 +371,9 @@ impl Call {
             Call::Run => OK | b(ENOENT) | b(EINVAL) | b(EPERM) | b(EINTR) | b(ENOMEM),
             Call::GetRegs | Call::SetRegs => OK | b(EFAULT) | b(EINVAL) | b(ENOENT),
             Call::Irq => OK | b(EINVAL),
-            Call::Irqfd => OK | b(EFAULT) | b(EINVAL) | b(EBADF) | b(EEXIST) | b(ENOSPC) | b(ENOENT) | b(ENOMEM),
+            Call::Irqfd | Call::Ioeventfd => {
+                OK | b(EFAULT) | b(EINVAL) | b(EBADF) | b(EEXIST) | b(ENOSPC) | b(ENOENT) | b(ENOMEM)
+            }
             Call::Unknown => b(ENOTTY),
             Call::Mmap => OK | b(EINVAL) | b(ENOENT) | b(ENOMEM) | b(EPERM) | b(EACCES) | b(EOVERFLOW) | b(EOPNOTSUPP),
             Call::Read | Call::Write => b(EINVAL),
@@ -573,6 +589,27 @@ fn guest_arg(rng: &mut Rng, mem: u64) -> u64 {
     }
 }
 
+/// The device window of the fuzzer's usual 4 MiB guests.
+const DEV_WINDOW: u64 = 4 * MIB;
+
+/// An LGUEST_IOEVENTFD address: often MSG (the address the fuzzer's guests
+/// notify) or one of 40 in the device window (more than
+/// LGUEST_MAX_IOEVENTFDS, few enough to hit EEXIST and ENOSPC), sometimes
+/// at or beyond the 2^47 limit.
+fn notify_addr(rng: &mut Rng) -> u64 {
+    match rng.below(100) {
+        0..=14 => MSG,
+        15..=19 => 0,
+        20..=24 => DATA,
+        25..=74 => DEV_WINDOW + PAGE * rng.below(4) + 0x40 * rng.below(10),
+        75..=79 => TOP,
+        80..=84 => TOP - 1,
+        85..=87 => u64::MAX,
+        88..=89 => 1 << 63,
+        _ => rng.edge(),
+    }
+}
+
 /// Random code for a guest with `mem` bytes of RAM: usually LGUEST_INIT,
 /// then a few hypercalls with random arguments, maybe a stack switch, then
 /// random bytes (which fault: the guest dies) or, rarely, a spin.
@@ -667,6 +704,10 @@ struct Ofd {
     imm: bool,
     /// irqfd bindings: (eventfd identity, irq).
     binds: Vec<(u64, u32)>,
+    /// ioeventfd bindings: (notification address, eventfd identity). They
+    /// belong to the file, not to its VM: made before CREATE_VM too, kept
+    /// by a VM a forked child creates, dropped with the file.
+    notifiers: Vec<(u64, u64)>,
 }
 
 /// A mapping of a run page (or an attempt the kernel accepted).
@@ -722,7 +763,7 @@ struct Rec {
     code: Code,
 }
 
-/// How the file of an IRQFD `fd` field looks to the model.
+/// How the file of an IRQFD or IOEVENTFD `fd` field looks to the model.
 enum FdKind {
     Efd(u64),
     NotEventfd,
@@ -1068,9 +1109,10 @@ impl Fuzz {
                 .is_some_and(|end| end <= TOP)
     }
 
-    /// What pinning `[mem_base, mem_base + mem_size)` can give.
+    /// What pinning RAM and the device window, `[mem_base, mem_base +
+    /// mem_size + device_pages * 4096)`, can give.
     fn pin_expect(&self, c: &abi::LguestVmConfig) -> Ex {
-        let (base, end) = (c.mem_base, c.mem_base + c.mem_size);
+        let (base, end) = (c.mem_base, c.mem_base + c.mem_size + c.device_pages * PAGE);
         for s in self.slots.iter().flatten() {
             if s.clean && s.addr <= base && end <= s.addr + s.len {
                 return OK | b(ENOMEM);
@@ -1405,6 +1447,86 @@ impl Fuzz {
             }
             if let Some(i) = remove {
                 binds.remove(i);
+            }
+        }
+    }
+
+    fn op_ioeventfd(&mut self, f: FileSlot) {
+        if !self.rng.one_in(15) {
+            return self.ioeventfd_one(f, false);
+        }
+        // A burst of bindings to an eventfd we hold: towards a full table
+        // (ENOSPC), which the file's release then has to empty.
+        for _ in 0..self.rng.range(8, 40) {
+            self.ioeventfd_one(f, true);
+        }
+    }
+
+    fn ioeventfd_one(&mut self, f: FileSlot, burst: bool) {
+        let addr = if burst { DEV_WINDOW + 8 * self.rng.below(48) } else { notify_addr(&mut self.rng) };
+        let efd = self.efds[self.rng.below(MAX_EFDS as u64) as usize].map(|e| e.fd);
+        let fd = match self.rng.below(20) {
+            _ if burst && efd.is_some() => efd.unwrap_or(-1),
+            0..=12 => efd.unwrap_or(self.closed_fd),
+            13 => f.fd,
+            14 => self.rng.pick(&[-1, i32::MIN, -100]),
+            15 => self.rng.pick(&[0, 1, 2]),
+            16 => self.rng.pick(&[65536, 1 << 20, i32::MAX]),
+            17 => self.rng.next() as i32,
+            _ => self.closed_fd,
+        };
+        let flags = match self.rng.below(20) {
+            _ if burst => 0,
+            0..=11 => 0,
+            12..=18 => abi::LGUEST_IOEVENTFD_DEASSIGN,
+            _ => self.rng.pick_or_edge(&[2, 3, u32::MAX as u64]) as u32 | 2,
+        };
+        let req = abi::LguestIoeventfd { addr, fd, flags };
+        let p = if burst { Ptr::Valid(0) } else { self.gen_ptr(std::mem::size_of::<abi::LguestIoeventfd>() as u64) };
+        let (uaddr, seen) = self.place(p, req, abi::LguestIoeventfd::default());
+        let mut add = None;
+        let mut remove = None;
+        // api.rst 4.9, in the order notify.rs checks.
+        let expect = match seen {
+            None => b(EFAULT),
+            Some(r) if r.addr >= TOP => b(EINVAL),
+            Some(r) => {
+                let nots = &self.ofds[f.ofd].notifiers;
+                let bound = nots.iter().position(|&(a, _)| a == r.addr);
+                match r.flags {
+                    0 if r.fd < 0 => b(EINVAL),
+                    0 if nots.len() >= abi::LGUEST_MAX_IOEVENTFDS => b(ENOSPC),
+                    0 if bound.is_some() => b(EEXIST),
+                    0 => match self.fd_kind(r.fd) {
+                        FdKind::Efd(ctx) => {
+                            add = Some((r.addr, ctx));
+                            OK | b(ENOMEM)
+                        }
+                        FdKind::NotEventfd => b(EINVAL),
+                        FdKind::Closed => b(EBADF),
+                        FdKind::Unsure => b(EINVAL) | b(EBADF),
+                    },
+                    abi::LGUEST_IOEVENTFD_DEASSIGN => match bound {
+                        Some(i) => {
+                            remove = Some(i);
+                            OK
+                        }
+                        None => b(ENOENT),
+                    },
+                    _ => b(EINVAL),
+                }
+            }
+        };
+        let r = self.call(Call::Ioeventfd, f.fd, addr, ((fd as u32 as u64) << 32) | flags as u64, expect, || {
+            ioctl_raw(f.fd, abi::LGUEST_IOEVENTFD, uaddr)
+        });
+        if r.is_ok() {
+            let nots = &mut self.ofds[f.ofd].notifiers;
+            if let Some(x) = add {
+                nots.push(x);
+            }
+            if let Some(i) = remove {
+                nots.remove(i);
             }
         }
     }
@@ -1897,7 +2019,13 @@ impl Fuzz {
             self.done(Call::CreateVm, f.fd, cfg.mem_base, cfg.mem_size, r[0], e);
             if r[0] == 0 {
                 let o = &mut self.ofds[f.ofd];
-                *o = Ofd { vm: true, ours: false, binds: std::mem::take(&mut o.binds), ..Default::default() };
+                *o = Ofd {
+                    vm: true,
+                    ours: false,
+                    binds: std::mem::take(&mut o.binds),
+                    notifiers: std::mem::take(&mut o.notifiers),
+                    ..Default::default()
+                };
                 created_here[f.ofd] = true;
             }
             let o = &self.ofds[f.ofd];
@@ -1973,8 +2101,9 @@ impl Fuzz {
             536..=595 => self.op_get_regs(f),
             596..=655 => self.op_set_regs(f),
             656..=695 => self.op_irq(f),
-            696..=765 => self.op_irqfd(f),
-            766..=835 => self.op_unknown(f),
+            696..=745 => self.op_irqfd(f),
+            746..=805 => self.op_ioeventfd(f),
+            806..=835 => self.op_unknown(f),
             836..=925 => self.op_mmap(f),
             926..=962 => self.op_read_write(f, false),
             _ => self.op_read_write(f, true),
@@ -2338,6 +2467,11 @@ fn thread_b(r: &Round, plan: &RoundPlan, mut rng: Rng) -> Stats {
                     // No TF: a single-step trap would kill the guest.
                     rflags: rng.next() & !0x100,
                 };
+                if rng.one_in(16) {
+                    // Through the NOTIFY of MSG again: a NOTIFY exit, or
+                    // (bound by C) a signal and no exit.
+                    regs.rip = SPIN_NOTIFY;
+                }
                 let mut e = OK;
                 if killed || plan.kill_at.is_some_and(|k| r.progress[0].load(SeqCst) >= k) {
                     // From now on: zeroes, `add %al,(%rax)` faults.
@@ -2399,6 +2533,8 @@ fn thread_c(r: &Round, plan: &RoundPlan, mut rng: Rng) -> Stats {
         *e = res.unwrap_or(-1) as i32;
     }
     let mut binds: Vec<(usize, u32)> = Vec::new();
+    // ioeventfd bindings: (address, index in `efds`).
+    let mut nots: Vec<(u64, usize)> = Vec::new();
     let mut yanked = false;
     for _ in 0..CAP {
         pace(r, 2);
@@ -2422,12 +2558,12 @@ fn thread_c(r: &Round, plan: &RoundPlan, mut rng: Rng) -> Stats {
             }
         }
         match rng.below(100) {
-            0..=49 => {
+            0..=39 => {
                 let irq = if rng.below(10) < 9 { rng.below(64) } else { rng.pick(&[64, u64::MAX, 1 << 32]) };
                 let res = ioctl_raw(fd, abi::LGUEST_IRQ, irq);
                 r.check(&mut st, "C", Call::Irq, code_of(&res), if irq < 64 { OK } else { b(EINVAL) });
             }
-            50..=79 => {
+            40..=64 => {
                 let k = rng.below(4) as usize;
                 let irq = if rng.below(20) < 19 { rng.below(64) as u32 } else { 64 };
                 let deassign = rng.one_in(2);
@@ -2465,10 +2601,73 @@ fn thread_c(r: &Round, plan: &RoundPlan, mut rng: Rng) -> Stats {
                     }
                 }
             }
-            80..=94 => {
+            65..=84 => {
+                // While A runs: bind and unbind notification addresses,
+                // MSG among them (B now and then sends the guest through
+                // its NOTIFY of MSG: an exit to A, or a signal of an
+                // eventfd of ours, whichever the binding says as the
+                // hypercall runs).
+                let k = rng.below(4) as usize;
+                let addr = notify_addr(&mut rng);
+                let (nfd, kind) = match rng.below(20) {
+                    0..=16 => (efds[k], 0),
+                    17 => (fd, 1),     // not an eventfd: EINVAL
+                    18 => (-1, 1),     // negative: EINVAL
+                    _ => (1 << 20, 2), // not open: EBADF
+                };
+                let flags = match rng.below(40) {
+                    0..=21 => 0,
+                    22..=38 => abi::LGUEST_IOEVENTFD_DEASSIGN,
+                    _ => rng.pick(&[2, 3, u32::MAX]),
+                };
+                let bad = rng.one_in(40);
+                let mut req = abi::LguestIoeventfd { addr, fd: nfd, flags };
+                let pos = nots.iter().position(|&(a, _)| a == addr);
+                let expect = if bad {
+                    b(EFAULT)
+                } else if addr >= TOP {
+                    b(EINVAL)
+                } else if flags == abi::LGUEST_IOEVENTFD_DEASSIGN {
+                    if pos.is_some() {
+                        OK
+                    } else {
+                        b(ENOENT)
+                    }
+                } else if flags != 0 || nfd < 0 {
+                    b(EINVAL)
+                } else if nots.len() >= abi::LGUEST_MAX_IOEVENTFDS {
+                    b(ENOSPC)
+                } else if pos.is_some() {
+                    b(EEXIST)
+                } else if kind == 1 {
+                    b(EINVAL)
+                } else if kind == 2 {
+                    b(EBADF)
+                } else {
+                    OK | b(ENOMEM)
+                };
+                let ptr = if bad { rng.pick(&KERNEL_ADDRS) } else { &mut req as *mut _ as u64 };
+                let res = ioctl_raw(fd, abi::LGUEST_IOEVENTFD, ptr);
+                r.check(&mut st, "C", Call::Ioeventfd, code_of(&res), expect);
+                if res.is_ok() {
+                    match (flags, pos) {
+                        (abi::LGUEST_IOEVENTFD_DEASSIGN, Some(p)) => {
+                            nots.remove(p);
+                        }
+                        (0, None) => nots.push((addr, k)),
+                        _ => {}
+                    }
+                }
+            }
+            85..=91 => {
                 let k = rng.below(4) as usize;
                 let res = efd_write(efds[k], 1);
                 r.check(&mut st, "C", Call::EfdSignal, code_of(&res), OK);
+            }
+            92..=94 => {
+                let k = rng.below(4) as usize;
+                let res = efd_read(efds[k]);
+                r.check(&mut st, "C", Call::EfdRead, code_of(&res), OK | b(EAGAIN));
             }
             _ => {
                 let res = ioctl_raw(fd, abi::LGUEST_GET_API_VERSION, 0);
@@ -2708,6 +2907,198 @@ fn four_threads_one_vm() -> TestResult {
 }
 
 // ---------------------------------------------------------------------------
+// ioeventfd_notify
+// ---------------------------------------------------------------------------
+
+/// LGUEST_IOEVENTFD of `addr` to `fd` with `flags`, the argument read from
+/// `arg` (a pointer to a request when None).
+fn ioeventfd(lg: i32, addr: u64, fd: i32, flags: u32, arg: Option<u64>) -> Code {
+    let mut req = abi::LguestIoeventfd { addr, fd, flags };
+    let p = arg.unwrap_or(&mut req as *mut _ as u64);
+    code_of(&ioctl_raw(lg, abi::LGUEST_IOEVENTFD, p))
+}
+
+/// One RUN of `lg`, kicked by the watchdog (SIGUSR1) when it lasts.
+fn run_kicked(lg: i32) -> Code {
+    static SEQ: AtomicU64 = AtomicU64::new(1 << 62);
+    RUN_SEQ.store(SEQ.fetch_add(1, SeqCst), SeqCst);
+    let r = ioctl_raw(lg, abi::LGUEST_RUN, 0);
+    RUN_SEQ.store(0, SeqCst);
+    code_of(&r)
+}
+
+/// The eventfd's count (read, so reset to 0), or the errno.
+fn efd_count(fd: i32) -> Result<u64, i32> {
+    let mut buf = [0u8; 8];
+    // SAFETY: Reads at most 8 bytes into a valid buffer.
+    sysret(unsafe { libc::read(fd, buf.as_mut_ptr().cast(), 8) } as i64).map(|_| u64::from_ne_bytes(buf))
+}
+
+/// The documented errors of LGUEST_IOEVENTFD one by one, on a file without
+/// a VM; then the guest that notifies MSG: with MSG bound, RUN does not
+/// return at the NOTIFY (the guest goes on to spin until the watchdog's
+/// signal), the eventfd counts 1, RIP is past the hypercall; unbound, RUN
+/// returns the NOTIFY exit and the eventfd stays at 0; bound again by
+/// another thread while RUN runs, the next NOTIFY signals again.
+fn ioeventfd_notify() -> TestResult {
+    let f = t::open_dev().map_err(|e| t::NotPassed::Fail(format!("open {}: {e}", t::DEV)))?;
+    let efd = eventfd_raw().map_err(|e| t::NotPassed::Fail(format!("eventfd: {}", t::errname(e))))? as i32;
+    let efd2 = eventfd_raw().map_err(|e| t::NotPassed::Fail(format!("eventfd: {}", t::errname(e))))? as i32;
+    let closed = dup_raw(efd2).map_err(|e| t::NotPassed::Fail(format!("dup: {}", t::errname(e))))? as i32;
+    let _ = close_raw(closed);
+    let (stop, kicks, me) = (AtomicBool::new(false), AtomicU64::new(0), pthread_self_u64());
+    let res = std::thread::scope(|s| {
+        s.spawn(|| watchdog(me, &stop, &kicks));
+        let r = ioeventfd_notify_body(&f, efd, efd2, closed);
+        stop.store(true, SeqCst);
+        r
+    });
+    drop(f); // drops the binding of MSG (and the VM)
+    let _ = close_raw(efd);
+    let _ = close_raw(efd2);
+    println!("# ioeventfd_notify: {} watchdog kicks", kicks.load(SeqCst));
+    res
+}
+
+fn ioeventfd_notify_body(f: &std::fs::File, efd: i32, efd2: i32, closed: i32) -> TestResult {
+    use std::os::fd::AsRawFd;
+    let lg = f.as_raw_fd();
+    let n = ename;
+    // Before CREATE_VM.
+    check_eq!(n(ioeventfd(lg, MSG, efd, 0, None)), "ok", "binding MSG before CREATE_VM");
+    check_eq!(n(ioeventfd(lg, MSG, efd2, 0, None)), "EEXIST", "binding MSG again");
+    check_eq!(n(ioeventfd(lg, MSG, efd, 0, None)), "EEXIST", "binding MSG again, same eventfd");
+    check_eq!(n(ioeventfd(lg, DEV_WINDOW, efd, 1, None)), "ENOENT", "unbinding an unbound address");
+    check_eq!(n(ioeventfd(lg, TOP, efd, 0, None)), "EINVAL", "address 2^47");
+    check_eq!(n(ioeventfd(lg, u64::MAX, efd, 1, None)), "EINVAL", "unbinding address u64::MAX");
+    check_eq!(n(ioeventfd(lg, DEV_WINDOW, efd, 2, None)), "EINVAL", "flags 2");
+    check_eq!(n(ioeventfd(lg, DEV_WINDOW, efd, u32::MAX, None)), "EINVAL", "flags u32::MAX");
+    check_eq!(n(ioeventfd(lg, DEV_WINDOW, -1, 0, None)), "EINVAL", "fd -1");
+    check_eq!(n(ioeventfd(lg, DEV_WINDOW, lg, 0, None)), "EINVAL", "fd of /dev/lguest (not an eventfd)");
+    check_eq!(n(ioeventfd(lg, DEV_WINDOW, closed, 0, None)), "EBADF", "a closed fd");
+    for k in KERNEL_ADDRS {
+        check_eq!(n(ioeventfd(lg, DEV_WINDOW, efd, 0, Some(k))), "EFAULT", format!("argument at {k:#x}"));
+    }
+    // TOP - 1 is an address like any other; 32 bindings at most.
+    check_eq!(n(ioeventfd(lg, TOP - 1, efd2, 0, None)), "ok", "binding 2^47 - 1");
+    for i in 0..abi::LGUEST_MAX_IOEVENTFDS as u64 - 2 {
+        check_eq!(n(ioeventfd(lg, DEV_WINDOW + 8 * i, efd2, 0, None)), "ok", format!("binding {i}"));
+    }
+    check_eq!(n(ioeventfd(lg, 0, efd2, 0, None)), "ENOSPC", "a 33rd binding");
+    check_eq!(n(ioeventfd(lg, 0, -1, 1, None)), "ENOENT", "unbinding 0 (fd ignored)");
+    check_eq!(n(ioeventfd(lg, TOP - 1, -1, 1, None)), "ok", "unbinding 2^47 - 1 (fd ignored)");
+    check_eq!(n(ioeventfd(lg, 0, efd2, 0, None)), "ok", "binding 0 after an unbinding");
+    check_eq!(n(ioeventfd(lg, 0, efd2, 1, None)), "ok", "unbinding 0");
+    for i in 0..abi::LGUEST_MAX_IOEVENTFDS as u64 - 2 {
+        check_eq!(n(ioeventfd(lg, DEV_WINDOW + 8 * i, efd2, 1, None)), "ok", format!("unbinding {i}"));
+    }
+
+    // The guest: INIT, NOTIFY(MSG), spin.
+    let mem = Mapping::anon(4 << 20).map_err(|e| t::NotPassed::Fail(format!("mmap: {e}")))?;
+    mem.write(CODE as usize, GUEST_SPIN);
+    let mut cfg = abi::LguestVmConfig {
+        mem_base: mem.addr as u64,
+        mem_size: mem.len as u64,
+        device_pages: 0,
+        entry: CODE,
+        flags: 0,
+        reserved0: 0,
+        reserved: [0; 4],
+    };
+    check_eq!(t::ioctl_ptr(f, abi::LGUEST_CREATE_VM, &mut cfg), Ok(0), "CREATE_VM");
+    check_eq!(t::ioctl(f, abi::LGUEST_CREATE_VCPU, 0), Ok(0), "CREATE_VCPU");
+    let run = Mapping::shared(f, PAGE as usize, 0)
+        .map_err(|e| t::NotPassed::Fail(format!("mmap run page: {}", t::errname(e))))?;
+    let regs = |what: &str| -> Result<abi::LguestVcpuRegs, t::NotPassed> {
+        let mut r = abi::LguestVcpuRegs::default();
+        t::ioctl_ptr(f, abi::LGUEST_GET_REGS, &mut r)
+            .map_err(|e| t::NotPassed::Fail(format!("GET_REGS {what}: {}", t::errname(e))))?;
+        Ok(r)
+    };
+    let renotify = || -> TestResult {
+        let mut r = regs("before the NOTIFY again")?;
+        r.regs.rip = SPIN_NOTIFY;
+        check_eq!(t::ioctl_ptr(f, abi::LGUEST_SET_REGS, &mut r), Ok(0), "SET_REGS (RIP at the NOTIFY)");
+        Ok(())
+    };
+
+    // Bound (before CREATE_VM): no NOTIFY exit; the eventfd counts 1.
+    for round in 0..3 {
+        run.put::<u32>(4, 0);
+        check_eq!(n(run_kicked(lg)), "EINTR", format!("RUN {round} with MSG bound (the guest spins)"));
+        check_eq!(efd_count(efd), Ok(1), format!("the eventfd's count after RUN {round}"));
+        check_eq!(efd_count(efd2).map_err(ename), Err("EAGAIN".to_string()), "the other eventfd's count");
+        check_eq!(regs("after the NOTIFY")?.regs.rip, SPIN_JMP, "RIP after a bound NOTIFY");
+        renotify()?;
+    }
+    // Spinning: no more signals.
+    renotify()?;
+    check_eq!(n(run_kicked(lg)), "EINTR", "RUN with MSG bound");
+    check_eq!(n(run_kicked(lg)), "EINTR", "RUN of the spinning guest");
+    check_eq!(efd_count(efd), Ok(1), "the eventfd's count after one NOTIFY and a spin");
+
+    // Unbound: the NOTIFY exits to us again.
+    check_eq!(n(ioeventfd(lg, MSG, -1, 1, None)), "ok", "unbinding MSG under a VM");
+    check_eq!(n(ioeventfd(lg, MSG, -1, 1, None)), "ENOENT", "unbinding MSG again");
+    renotify()?;
+    check_eq!(n(run_kicked(lg)), "ok", "RUN with MSG unbound");
+    check_eq!(run.read::<u32>(4), abi::LGUEST_EXIT_NOTIFY, "exit reason with MSG unbound");
+    check_eq!(run.read::<u64>(8), MSG, "notify address");
+    check_eq!(run.read::<u64>(16), 0, "notify argument");
+    check_eq!(efd_count(efd).map_err(ename), Err("EAGAIN".to_string()), "the eventfd after an unbound NOTIFY");
+
+    // Bound by another thread while RUN runs (the guest spins): the
+    // ioctl does not wait for RUN.
+    let mut rebind: Result<(Code, Duration), String> = Err("not made".into());
+    std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            let t0 = Instant::now();
+            while RUN_SEQ.load(SeqCst) == 0 && t0.elapsed() < Duration::from_secs(5) {
+                std::thread::yield_now();
+            }
+            std::thread::sleep(Duration::from_millis(5));
+            let t1 = Instant::now();
+            let c = ioeventfd(lg, MSG, efd2, 0, None);
+            (c, t1.elapsed(), RUN_SEQ.load(SeqCst) != 0)
+        });
+        let c = run_kicked(lg);
+        match h.join() {
+            Ok((b, took, during)) if c == EINTR => {
+                rebind = Ok((b, took));
+                if !during {
+                    println!("# ioeventfd_notify: the binding came after RUN returned ({took:?})");
+                }
+            }
+            Ok(_) => rebind = Err(format!("RUN of the spinning guest gave {}", ename(c))),
+            Err(_) => rebind = Err("the binding thread panicked".into()),
+        }
+    });
+    let (code, took) = rebind.map_err(t::NotPassed::Fail)?;
+    check_eq!(n(code), "ok", "binding MSG from another thread during RUN");
+    println!("# ioeventfd_notify: the binding during RUN took {took:?}");
+    renotify()?;
+    check_eq!(n(run_kicked(lg)), "EINTR", "RUN with MSG bound again");
+    check_eq!(efd_count(efd2), Ok(1), "the new eventfd's count");
+    check_eq!(efd_count(efd).map_err(ename), Err("EAGAIN".to_string()), "the old eventfd's count");
+    check_eq!(regs("after the NOTIFY")?.regs.rip, SPIN_JMP, "RIP after a bound NOTIFY");
+
+    // An eventfd closed by us stays bound (the binding holds it).
+    check_eq!(n(ioeventfd(lg, MSG, -1, 1, None)), "ok", "unbinding MSG");
+    let tmp = eventfd_raw().map_err(|e| t::NotPassed::Fail(format!("eventfd: {}", t::errname(e))))? as i32;
+    let keep = dup_raw(tmp).map_err(|e| t::NotPassed::Fail(format!("dup: {}", t::errname(e))))? as i32;
+    check_eq!(n(ioeventfd(lg, MSG, tmp, 0, None)), "ok", "binding MSG to a fresh eventfd");
+    let _ = close_raw(tmp);
+    renotify()?;
+    check_eq!(n(run_kicked(lg)), "EINTR", "RUN with MSG bound to an eventfd whose fd was closed");
+    let c = efd_count(keep);
+    let _ = close_raw(keep);
+    check_eq!(c, Ok(1), "the count of the eventfd (through a dup) whose bound fd was closed");
+    drop(run);
+    drop(mem);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
 // host_alive
 // ---------------------------------------------------------------------------
 
@@ -2777,6 +3168,7 @@ fn main() -> ExitCode {
     t::run(&[
         ("single_thread", single_thread),
         ("four_threads_one_vm", four_threads_one_vm),
+        ("ioeventfd_notify", ioeventfd_notify),
         ("host_alive", host_alive),
     ])
 }
