@@ -539,6 +539,41 @@ impl AddressSpace {
         Ok(old)
     }
 
+    /// The table page that holds the entry of `level` (1..4) for `va`, if
+    /// the tables above it exist (they are not created).
+    pub fn table_of(&self, va: u64, level: u32) -> Option<u64> {
+        if !(1..=4).contains(&level) {
+            return None;
+        }
+        let mut table = self.root;
+        for l in (level + 1..=4).rev() {
+            let e = get(table, index(va, l));
+            if e & P == 0 || e & PS != 0 {
+                return None;
+            }
+            table = e & ADDR;
+        }
+        Some(table)
+    }
+
+    /// Writes `value` into the entry of `level` for `va` in `table` (which
+    /// [`AddressSpace::table_of`] gave, and which may be unreachable right
+    /// now because an entry above it is not present) and tells the host;
+    /// returns the old value. Tables above are neither created nor checked.
+    pub fn set_table_entry(&mut self, table: u64, va: u64, level: u32, value: u64) -> u64 {
+        let i = index(va, level);
+        let old = get(table, i);
+        set(table, i, value);
+        report(self.root, va, level, value);
+        old
+    }
+
+    /// Reads the entry of `level` for `va` in `table` (see
+    /// [`AddressSpace::set_table_entry`]).
+    pub fn table_entry(&self, table: u64, va: u64, level: u32) -> u64 {
+        get(table, index(va, level))
+    }
+
     /// Walks the tables for `va` as the hardware would.
     pub fn translate(&self, va: u64) -> Option<Translation> {
         translate(self.root, va)
