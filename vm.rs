@@ -372,8 +372,11 @@ impl Vm {
             let guest_pf = vector == 14 && error & 4 != 0;
             let outcome = if vector == uapi::LGUEST_TRAP_ENTRY as u64 && user_mode {
                 // Guest user mode may not make hypercalls: to the guest
-                // kernel this is `int $0x1f` through a gate of DPL 0.
+                // kernel this is `int $0x1f` through a gate of DPL 0, a
+                // fault at the two-byte instruction.
                 let error = ((uapi::LGUEST_TRAP_ENTRY as u64) << 3) | 2;
+                let rip = &mut self.vcpus[index].cpu.regs.rip;
+                *rip = rip.wrapping_sub(2);
                 interrupts::reflect_trap(self, index, 13, error, 0).map(|()| None)
             } else if vector == uapi::LGUEST_TRAP_ENTRY as u64 {
                 hcall::do_hypercalls(self, index)

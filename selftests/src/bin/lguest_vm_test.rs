@@ -329,8 +329,8 @@ fn ioeventfd_kicks() -> TestResult {
 // enters user mode at 0x110000 with RAX 7. Each handler reports what it saw
 // with NOTIFY(tag, value): 0x80/0x81 the system call's RAX and frame CS,
 // 0x8e/0x8f/0x90 a page fault's error code, CS and CR2, 0x8d a #GP's error
-// code (then it powers off). The user program: two system calls, a read of
-// a kernel page, a hypercall attempt.
+// code and RIP (then it powers off). The user program: two system calls, a
+// read of a kernel page, a hypercall attempt.
 core::arch::global_asm!(
     ".pushsection .rodata.lguest_guest_user, \"a\"",
     ".globl lguest_guest_user_start",
@@ -427,6 +427,10 @@ core::arch::global_asm!(
     "mov edi, 0x8d",
     "mov rsi, [rsp]",
     "int 0x1f",
+    "mov eax, 17",
+    "mov edi, 0x8c",
+    "mov rsi, [rsp + 8]",
+    "int 0x1f",
     "mov eax, 2",
     "mov edi, 0x181000",
     "mov esi, 1",
@@ -504,8 +508,17 @@ fn user_mode() -> TestResult {
     }
     check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_SHUTDOWN, format!("exit after {notes:x?} ({})", vm.message()));
     let cs = abi::LGUEST_USER_CS;
-    let want =
-        vec![(0x80, 41), (0x81, cs), (0x80, 42), (0x81, cs), (0x8e, 0x5), (0x8f, cs), (0x90, 0x18_0000), (0x8d, 0xfa)];
+    let want = vec![
+        (0x80, 41),
+        (0x81, cs),
+        (0x80, 42),
+        (0x81, cs),
+        (0x8e, 0x5),
+        (0x8f, cs),
+        (0x90, 0x18_0000),
+        (0x8d, 0xfa),
+        (0x8c, 0x11_0010),
+    ];
     check_eq!(notes, want, "what the guest kernel saw");
     let shadow: u64 = vm.run_page().read(48);
     check!(shadow > 2 && shadow < 64, "shadow pages: {shadow}");
