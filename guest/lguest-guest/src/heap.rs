@@ -13,6 +13,10 @@
 //!
 //! Allocation failure takes the default path of `alloc` (a panic, which
 //! crashes the guest with the message).
+//!
+//! [`crate::frames`] hands out pages from the same RAM: a guest that uses
+//! both calls [`set_arena`] before its first allocation and gives the
+//! frame allocator the rest.
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{null_mut, NonNull};
@@ -31,11 +35,16 @@ pub struct GuestHeap {
     heap: GuestCell<Heap>,
     ready: AtomicBool,
     used: AtomicU64,
+    custom_size: AtomicU64,
 }
 
 #[global_allocator]
-static HEAP: GuestHeap =
-    GuestHeap { heap: GuestCell::new(Heap::empty()), ready: AtomicBool::new(false), used: AtomicU64::new(0) };
+static HEAP: GuestHeap = GuestHeap {
+    heap: GuestCell::new(Heap::empty()),
+    ready: AtomicBool::new(false),
+    used: AtomicU64::new(0),
+    custom_size: AtomicU64::new(0),
+};
 
 /// The arena: `(start, size)`, page aligned.
 pub fn arena() -> (u64, u64) {
@@ -46,7 +55,26 @@ pub fn arena() -> (u64, u64) {
 
 /// Bytes of the arena.
 pub fn size() -> u64 {
-    arena().1
+    let custom = HEAP.custom_size.load(Ordering::Relaxed);
+    if custom != 0 {
+        custom
+    } else {
+        arena().1
+    }
+}
+
+/// Makes the heap `[start, start + size)` instead of [`arena`], so that a
+/// guest can share the free RAM with something else (the frame allocator of
+/// [`crate::frames`], say). Only before the first allocation, and only for
+/// RAM above the image and below the command-line page; returns whether it
+/// took.
+pub fn set_arena(start: u64, size: u64) -> bool {
+    let (lo, default_size) = arena();
+    let Some(end) = start.checked_add(size) else { return false };
+    if start < lo || end > lo + default_size || size == 0 {
+        return false;
+    }
+    HEAP.with_init(Some((start, size)), |_| ())
 }
 
 /// Bytes allocated now (as asked for, without the allocator's overhead).
@@ -58,26 +86,43 @@ impl GuestHeap {
     /// Runs `f` on the heap with interrupts off, setting it up first if
     /// this is the first use.
     fn with<R>(&self, f: impl FnOnce(&mut Heap) -> R) -> R {
+        let mut r = None;
+        self.with_init(None, |heap| r = Some(f(heap)));
+        r.expect("heap: with ran f")
+    }
+
+    /// Sets the heap up over `arena` (or the default arena) if it is not
+    /// yet, then runs `f` on it, with interrupts off; returns whether this
+    /// call set it up.
+    fn with_init(&self, arena_override: Option<(u64, u64)>, f: impl FnOnce(&mut Heap)) -> bool {
         let flags = paravirt::save_fl();
         paravirt::irq_disable();
         // SAFETY: interrupts are off and the guest has one vCPU, so nothing
         // else runs until we turn them back on: this is the only reference
         // to the heap (the callers of `with` do not nest).
         let heap = unsafe { &mut *self.heap.get() };
-        if !self.ready.load(Ordering::Relaxed) {
-            let (start, size) = arena();
+        let fresh = !self.ready.load(Ordering::Relaxed);
+        if fresh {
+            let (start, size) = arena_override.unwrap_or_else(arena);
+            if arena_override.is_some() {
+                self.custom_size.store(size, Ordering::Relaxed);
+            }
             if size > 0 {
                 // SAFETY: the arena is RAM above the image and below the
-                // command-line page, mapped virtual = physical and writable
-                // from entry, and used by nothing else (the library hands
-                // out no other memory there); it is set up exactly once.
+                // command-line page (`arena`, or checked by `set_arena`),
+                // mapped virtual = physical and writable from entry; a
+                // guest that also uses the frame allocator gives the two
+                // disjoint ranges (see the module documentation). It is set
+                // up exactly once.
                 unsafe { heap.init(start as *mut u8, size as usize) };
             }
             self.ready.store(true, Ordering::Relaxed);
         }
-        let r = f(heap);
+        if arena_override.is_none() || fresh {
+            f(heap);
+        }
         paravirt::restore_fl(flags);
-        r
+        fresh
     }
 }
 

@@ -210,6 +210,11 @@ impl<const QS: usize> RxQueue<QS> {
         }
     }
 
+    /// Whether a received frame is waiting.
+    fn rx_pending_quick(&self) -> bool {
+        self.q.can_pop()
+    }
+
     /// The next received buffer and the bytes the device wrote.
     fn pop(&mut self) -> Option<(Box<[u8]>, usize)> {
         let token = self.q.peek_used()?;
@@ -249,6 +254,9 @@ pub struct TxQueue<const QS: usize> {
     stats: NetStats,
     /// `transmit` found no buffer since the last reclaim.
     blocked: bool,
+    /// `receive` held frames back for want of a buffer for the replies,
+    /// since the last reclaim.
+    rx_blocked: bool,
 }
 
 impl<const QS: usize> TxQueue<QS> {
@@ -266,6 +274,7 @@ impl<const QS: usize> TxQueue<QS> {
         if any {
             self.ring.disarm();
             self.blocked = false;
+            self.rx_blocked = false;
         }
     }
 
@@ -284,6 +293,14 @@ impl<const QS: usize> TxQueue<QS> {
             self.reclaim();
         }
         !self.free.is_empty()
+    }
+
+    /// Whether any buffer is free (reclaiming if none is).
+    fn has_any_room(&mut self) -> bool {
+        if self.free.is_empty() && self.free_small.is_empty() {
+            self.reclaim();
+        }
+        !self.free.is_empty() || !self.free_small.is_empty()
     }
 
     /// A free buffer for `len` bytes (header included): a small one if
@@ -418,6 +435,7 @@ impl<const QS: usize> VirtioNet<QS> {
             tso,
             stats: NetStats::default(),
             blocked: false,
+            rx_blocked: false,
         };
         for _ in 0..QS {
             rx.refill(vec![0u8; RX_BUF].into_boxed_slice());
@@ -482,9 +500,10 @@ impl<const QS: usize> VirtioNet<QS> {
         self.tx.ring.flush();
     }
 
-    /// Whether `transmit` ran out of buffers and none came back since.
+    /// Whether `transmit` (or `receive`, which needs room for a reply) ran
+    /// out of buffers and none came back since.
     pub fn tx_blocked(&self) -> bool {
-        self.tx.blocked
+        self.tx.blocked || self.tx.rx_blocked
     }
 
     /// Frames waiting in the receive ring.
@@ -500,12 +519,13 @@ impl<const QS: usize> VirtioNet<QS> {
     pub fn arm(&mut self) -> bool {
         self.flush();
         self.rx.ring.arm(1);
-        if self.tx.blocked {
+        if self.tx.blocked || self.tx.rx_blocked {
             // Wake when three quarters of what is in flight came back.
             let inflight = self.tx.ring.added.wrapping_sub(self.tx.ring.popped);
             self.tx.ring.arm((inflight / 4 * 3).max(1));
         }
-        self.rx_pending() || (self.tx.blocked && self.tx.ring.pending() != 0)
+        let tx_waited = self.tx.blocked || self.tx.rx_blocked;
+        (self.rx_pending() && !self.tx.rx_blocked) || (tx_waited && self.tx.ring.pending() != 0)
     }
 
     /// After a halt (or instead of one): interrupts off again, and the
@@ -574,6 +594,16 @@ impl<const QS: usize> phy::Device for VirtioNet<QS> {
     type TxToken<'a> = NetTxToken<'a, QS>;
 
     fn receive(&mut self, _timestamp: Instant) -> Option<(Self::RxToken<'_>, Self::TxToken<'_>)> {
+        if !self.rx.rx_pending_quick() {
+            return None;
+        }
+        // A frame may need a reply (an ACK): hold frames back rather than
+        // drop the reply when no buffer is free.
+        if !self.tx.has_any_room() {
+            self.tx.stats.tx_ring_full += 1;
+            self.tx.rx_blocked = true;
+            return None;
+        }
         let (buf, len) = self.rx.pop()?;
         Some((
             NetRxToken { rx: &mut self.rx, buf: Some(buf), len },

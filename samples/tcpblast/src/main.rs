@@ -195,6 +195,9 @@ fn main(args: Args) -> ! {
     let (mut moved, mut t_start, mut t_end) = (0u64, None::<u64>, None::<u64>);
     let mut was_connected = false;
     let mut closing = false;
+    // A connection refused (the host's listener not there yet) is retried
+    // every half second, as the host's tcpsink retries its connect.
+    let (mut refused, mut retry_at) = (0u64, None::<u64>);
     let (mut halts, mut polls) = (0u64, 0u64);
 
     loop {
@@ -208,6 +211,29 @@ fn main(args: Args) -> ! {
             crash_fmt(format_args!("tcpblast: timed out after {} s with {moved} bytes moved", o.timeout_s));
         }
         let s = sockets.get_mut::<tcp::Socket>(handle);
+        if let (Some((peer, port)), false, None, false) =
+            (o.peer, was_connected, o.listen, matches!(o.mode, Mode::Ping(_)))
+        {
+            if s.state() == tcp::State::Closed {
+                match retry_at {
+                    None => {
+                        refused += 1;
+                        if refused == 1 {
+                            println!("tcpblast: {peer}:{port} refused the connection; retrying every 0.5 s");
+                        }
+                        retry_at = Some(t + 500_000_000);
+                    }
+                    Some(at) if t >= at => {
+                        retry_at = None;
+                        let local = 49152 + (clock::rdtsc() % 16384) as u16;
+                        if let Err(e) = s.connect(iface.context(), (peer, port), local) {
+                            crash_fmt(format_args!("tcpblast: connect: {e}"));
+                        }
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
         if s.is_active() && s.state() != tcp::State::SynSent && s.state() != tcp::State::SynReceived && !was_connected {
             was_connected = true;
             t_start = Some(t);
@@ -322,6 +348,9 @@ fn main(args: Args) -> ! {
             ns = 10_000_000;
         }
         ns = ns.clamp(1_000, 1_000_000_000).min(deadline.saturating_sub(clock::now_ns()).max(1_000));
+        if let Some(at) = retry_at {
+            ns = ns.min(at.saturating_sub(clock::now_ns()).max(1_000));
+        }
         if ping_end != u64::MAX {
             ns = ns.min(ping_end.saturating_sub(clock::now_ns()).max(1_000));
         }
