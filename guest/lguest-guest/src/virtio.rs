@@ -78,8 +78,11 @@ pub fn open(device_type: u32) -> Result<Option<LguestTransport>, BusError> {
     open_slot(info).map(Some)
 }
 
-/// The transport of device `info`, with its interrupt line hooked up.
+/// The transport of device `info`, with its interrupt line hooked up
+/// (after [`bus::init`], which this calls: without the interrupt table the
+/// line would stay blocked).
 pub fn open_slot(info: SlotInfo) -> Result<LguestTransport, BusError> {
+    bus::init()?;
     let t = LguestTransport::new(info)?;
     t.enable_irq()?;
     Ok(t)
