@@ -322,3 +322,124 @@ pub const GUEST_OK: &[u8] = &[
     0xcd, 0x1f, //                   int $0x1f
     0xeb, 0xfe, //                   jmp .
 ];
+
+/// A child process (the launcher, a helper tool) whose output threads
+/// collect, so that a chatty child never blocks on a full pipe.
+pub struct Proc {
+    cmd: String,
+    child: std::process::Child,
+    out: std::thread::JoinHandle<String>,
+    err: std::thread::JoinHandle<String>,
+    start: Instant,
+}
+
+/// How a [`Proc`] ended.
+pub struct Outcome {
+    /// The command line, for messages.
+    pub cmd: String,
+    /// The exit status, or 128 + the signal that ended it.
+    pub code: i32,
+    /// Everything it wrote to stdout.
+    pub stdout: String,
+    /// Everything it wrote to stderr.
+    pub stderr: String,
+    /// How long it ran.
+    pub took: Duration,
+}
+
+impl Outcome {
+    /// The whole outcome, for a failure message.
+    pub fn describe(&self) -> String {
+        format!("`{}`: exit {}; stdout {:?}; stderr {:?}", self.cmd, self.code, self.stdout, self.stderr)
+    }
+}
+
+fn drain(pipe: Option<impl io::Read + Send + 'static>) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        if let Some(mut p) = pipe {
+            let _ = p.read_to_end(&mut bytes);
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    })
+}
+
+impl Proc {
+    /// Starts `program` with `args`; `input` (if any) is written to its
+    /// stdin, which is then closed; otherwise stdin is /dev/null.
+    pub fn spawn(program: &str, args: &[String], input: Option<Vec<u8>>) -> Result<Self, NotPassed> {
+        use std::process::{Command, Stdio};
+        let cmd = format!("{program} {}", args.join(" "));
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| NotPassed::Fail(format!("cannot start {program}: {e}")))?;
+        if let (Some(data), Some(mut stdin)) = (input, child.stdin.take()) {
+            std::thread::spawn(move || {
+                use std::io::Write;
+                let _ = stdin.write_all(&data);
+            });
+        }
+        let out = drain(child.stdout.take());
+        let err = drain(child.stderr.take());
+        Ok(Self { cmd, child, out, err, start: Instant::now() })
+    }
+
+    /// Starts the launcher with `args`.
+    pub fn launcher(args: &[String], input: Option<Vec<u8>>) -> Result<Self, NotPassed> {
+        Self::spawn(&launcher(), args, input)
+    }
+
+    /// The child's process ID.
+    pub fn pid(&self) -> i32 {
+        // CAST: Linux process IDs fit in an i32.
+        self.child.id() as i32
+    }
+
+    /// Whether it is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Waits for the end, killing it (SIGKILL) after `timeout`; a child
+    /// that had to be killed is a failure.
+    pub fn wait(mut self, timeout: Duration) -> Result<Outcome, NotPassed> {
+        use std::os::unix::process::ExitStatusExt;
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(st)) => break st,
+                Ok(None) if self.start.elapsed() > timeout => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    let out = self.out.join().unwrap_or_default();
+                    let err = self.err.join().unwrap_or_default();
+                    return Err(NotPassed::Fail(format!(
+                        "`{}` did not finish within {timeout:?}; stdout {out:?}; stderr {err:?}",
+                        self.cmd
+                    )));
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+                Err(e) => return Err(NotPassed::Fail(format!("wait for `{}`: {e}", self.cmd))),
+            }
+        };
+        let took = self.start.elapsed();
+        let code = status.code().unwrap_or(128 + status.signal().unwrap_or(0));
+        let stdout = self.out.join().unwrap_or_default();
+        let stderr = self.err.join().unwrap_or_default();
+        Ok(Outcome { cmd: self.cmd, code, stdout, stderr, took })
+    }
+
+    /// Sends `sig` to the child.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+}
+
+/// `args` as owned strings.
+pub fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
