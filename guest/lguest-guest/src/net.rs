@@ -220,16 +220,17 @@ impl<const QS: usize> RxQueue<QS> {
         let token = self.q.peek_used()?;
         let mut buf = self.bufs.get_mut(usize::from(token))?.take()?;
         // SAFETY: `buf` is the buffer added under `token`.
-        let len = unsafe { self.q.pop_used(token, &[], &mut [&mut buf[..]]) };
-        self.ring.popped = self.ring.popped.wrapping_add(1);
-        self.ring.disarm();
-        match len {
+        match unsafe { self.q.pop_used(token, &[], &mut [&mut buf[..]]) } {
             Ok(len) => {
+                self.ring.popped = self.ring.popped.wrapping_add(1);
+                self.ring.disarm();
                 let len = (len as usize).min(buf.len());
                 Some((buf, len))
             }
             Err(_) => {
-                self.refill(buf);
+                // Not popped (cannot happen: the token came from
+                // `peek_used`): the buffer stays with the device.
+                self.bufs[usize::from(token)] = Some(buf);
                 None
             }
         }
@@ -266,7 +267,12 @@ impl<const QS: usize> TxQueue<QS> {
         while let Some(token) = self.q.peek_used() {
             let Some((buf, len)) = self.inflight.get_mut(usize::from(token)).and_then(Option::take) else { break };
             // SAFETY: `buf[..len]` is what was added under `token`.
-            let _ = unsafe { self.q.pop_used(token, &[&buf[..len]], &mut []) };
+            if unsafe { self.q.pop_used(token, &[&buf[..len]], &mut []) }.is_err() {
+                // Not popped (cannot happen: the token came from
+                // `peek_used`): the buffer stays with the device.
+                self.inflight[usize::from(token)] = Some((buf, len));
+                break;
+            }
             self.ring.popped = self.ring.popped.wrapping_add(1);
             self.put(buf);
             any = true;
