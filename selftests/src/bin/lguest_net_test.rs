@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Tests of the virtio network device, end to end: the guest's smoltcp
+//! stack (`samples/tcpblast`) over its virtio-net driver, the launcher's
+//! tap device, and the host's own TCP/IP stack, with the project's
+//! `lguest-tcpsink` timing and checking the stream on the host side.
+//!
+//! Each test makes its own network namespace (`unshare(CLONE_NEWNET)`, so
+//! nothing outside the test sees the addresses) with a persistent tap,
+//! `lgtap0`, at 192.168.2.1/24; the guest is 192.168.2.2. The namespace
+//! and the tap go when the test moves to the next namespace or exits.
+
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use lguest_selftests::{self as t, check, check_eq, fail, guest, skip, strings, Outcome, Proc, TestResult};
+
+const TAP: &str = "lgtap0";
+const HOST: &str = "192.168.2.1";
+const GUEST_IP: &str = "ip=192.168.2.2/24";
+const PORT: u16 = 9999;
+/// Bytes each way: 64 MiB.
+const BULK: u64 = 64 << 20;
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
+const IFF_TAP: i16 = 0x0002;
+const IFF_NO_PI: i16 = 0x1000;
+const IFF_VNET_HDR: i16 = 0x4000;
+
+/// `struct ifreq` as TUNSETIFF reads it: the name, then the flags.
+#[repr(C)]
+struct IfReq {
+    name: [u8; 16],
+    flags: i16,
+    pad: [u8; 22],
+}
+
+/// Runs `ip ARGS` (iproute2 or busybox).
+fn ip(args: &[&str]) -> TestResult {
+    let o = Command::new("ip").args(args).output().map_err(|e| t::NotPassed::Fail(format!("ip: {e}")))?;
+    check!(o.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&o.stderr));
+    Ok(())
+}
+
+/// A fresh network namespace for this process with `lgtap0` up at
+/// 192.168.2.1/24 (created persistent, with virtio-net headers, as the
+/// launcher opens it).
+fn netns() -> TestResult {
+    // SAFETY: unshare(2) with a flag only; this test program is single
+    // threaded here (no thread of ours runs while it switches).
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        let e = t::errno();
+        if e == libc::EPERM {
+            skip!("unshare(CLONE_NEWNET): not permitted (run as root)");
+        }
+        fail!("unshare(CLONE_NEWNET): {}", t::errname(e));
+    }
+    ip(&["link", "set", "lo", "up"])?;
+    let tun = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")
+        .map_err(|e| t::NotPassed::Fail(format!("/dev/net/tun: {e}")))?;
+    let mut req = IfReq { name: [0; 16], flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR, pad: [0; 22] };
+    req.name[..TAP.len()].copy_from_slice(TAP.as_bytes());
+    use std::os::fd::AsRawFd;
+    // SAFETY: TUNSETIFF reads a `struct ifreq`, which `req` is (40 bytes).
+    if unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETIFF, &mut req as *mut IfReq) } != 0 {
+        fail!("TUNSETIFF {TAP}: {}", t::errname(t::errno()));
+    }
+    // SAFETY: TUNSETPERSIST takes an integer argument.
+    if unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETPERSIST, 1 as libc::c_ulong) } != 0 {
+        fail!("TUNSETPERSIST {TAP}: {}", t::errname(t::errno()));
+    }
+    drop(tun);
+    ip(&["addr", "add", &format!("{HOST}/24"), "dev", TAP])?;
+    ip(&["link", "set", TAP, "up"])?;
+    Ok(())
+}
+
+/// Starts `lguest run --stats --net tap=lgtap0[,OPT] tcpblast ARGS`.
+fn guest_run(net_opt: &str, args: &[&str]) -> Result<Proc, t::NotPassed> {
+    let mut a = strings(&["run", "--memory", "128M", "--stats", "--net"]);
+    a.push(format!("tap={TAP}{net_opt}"));
+    a.push(guest("tcpblast"));
+    a.push(GUEST_IP.into());
+    a.extend(strings(args));
+    Proc::launcher(&a, None)
+}
+
+/// Starts `lguest-tcpsink ARGS`.
+fn sink(args: &[&str]) -> Result<Proc, t::NotPassed> {
+    Proc::spawn("lguest-tcpsink", &strings(args), None)
+}
+
+/// Both ends finished cleanly; the sink's line.
+fn both_ok(g: &Outcome, s: &Outcome) -> Result<String, t::NotPassed> {
+    check_eq!(s.code, 0, format!("tcpsink ({}) with the guest {}", s.describe(), g.describe()));
+    check_eq!(g.code, 0, format!("the guest ({}) with tcpsink {}", g.describe(), s.describe()));
+    check!(!g.stderr.contains("panicked"), "the launcher panicked: {}", g.describe());
+    let line = s.stdout.lines().find(|l| l.starts_with("tcpsink: ")).unwrap_or_default();
+    Ok(line.to_string())
+}
+
+/// The host pings the guest (smoltcp answers): 5 of 5 replies.
+fn ping_host_to_guest() -> TestResult {
+    netns()?;
+    let g = guest_run("", &["ping=20"])?;
+    // Let the guest come up; ping retries anyway.
+    let start = Instant::now();
+    let mut last = String::new();
+    let mut ok = false;
+    while start.elapsed() < Duration::from_secs(15) && !ok {
+        let o = Command::new("ping")
+            .args(["-c", "5", "-W", "2", "192.168.2.2"])
+            .output()
+            .map_err(|e| t::NotPassed::Fail(format!("ping: {e}")))?;
+        last = String::from_utf8_lossy(&o.stdout).into_owned();
+        ok = o.status.success() && last.contains("5 packets received");
+    }
+    g.signal(libc::SIGTERM);
+    let o = g.wait(Duration::from_secs(30))?;
+    check!(ok, "no 5 of 5 ping replies: {last:?}; guest: {}", o.describe());
+    println!("# {}", last.lines().find(|l| l.contains("round-trip")).unwrap_or("(no round-trip line)"));
+    Ok(())
+}
+
+/// 64 MiB guest to host over TCP; the sink checks every byte and the count.
+fn tcp_guest_to_host() -> TestResult {
+    netns()?;
+    let addr = format!("{HOST}:{PORT}");
+    let s = sink(&[&addr, "--expect", &BULK.to_string(), "--timeout", "280"])?;
+    std::thread::sleep(Duration::from_millis(300));
+    let g = guest_run("", &[&format!("peer={addr}"), &format!("send={BULK}"), "timeout=280"])?;
+    let (g, s) = (g.wait(TIMEOUT)?, s.wait(TIMEOUT)?);
+    let line = both_ok(&g, &s)?;
+    check!(line.contains(&format!("tcpsink: {BULK} bytes")), "sink: {}", s.describe());
+    println!("# guest -> host: {line}");
+    Ok(())
+}
+
+/// 64 MiB host to guest over TCP; the guest checks every byte.
+fn tcp_host_to_guest() -> TestResult {
+    netns()?;
+    let addr = format!("{HOST}:{PORT}");
+    let s = sink(&[&addr, "--send", &BULK.to_string(), "--timeout", "280"])?;
+    std::thread::sleep(Duration::from_millis(300));
+    let g = guest_run("", &[&format!("peer={addr}"), &format!("recv={BULK}"), "timeout=280"])?;
+    let (g, s) = (g.wait(TIMEOUT)?, s.wait(TIMEOUT)?);
+    let line = both_ok(&g, &s)?;
+    check!(g.stdout.contains(&format!("{BULK} bytes")), "the guest did not report {BULK} bytes: {}", g.describe());
+    println!("# host -> guest: {line}");
+    Ok(())
+}
+
+/// Deleting the tap while the guest sends: the launcher stops with a clear
+/// error (no panic, no signal), and the host goes on (a guest still runs).
+fn tap_deleted_under_traffic() -> TestResult {
+    netns()?;
+    let addr = format!("{HOST}:{PORT}");
+    let s = sink(&[&addr, "--timeout", "60"])?;
+    std::thread::sleep(Duration::from_millis(300));
+    let g = guest_run("", &[&format!("peer={addr}"), "send=1073741824", "timeout=60"])?;
+    std::thread::sleep(Duration::from_secs(3));
+    ip(&["link", "del", TAP])?;
+    let g = g.wait(Duration::from_secs(90))?;
+    let _ = s.wait(Duration::from_secs(90));
+    println!("# after the tap went: exit {}; {}", g.code, g.stderr.lines().last().unwrap_or(""));
+    check!(g.code != 0 && g.code < 128, "the launcher did not stop with an error: {}", g.describe());
+    check!(!g.stderr.contains("panicked"), "the launcher panicked: {}", g.describe());
+    check!(g.stderr.contains(TAP) || g.stderr.contains("net"), "the error does not name the device: {}", g.describe());
+    let hello = Proc::launcher(&strings(&["run", &guest("hello")]), None)?.wait(Duration::from_secs(60))?;
+    check_eq!(hello.code, 0, format!("a guest after that ({})", hello.describe()));
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    t::run(&[
+        ("ping_host_to_guest", ping_host_to_guest),
+        ("tcp_guest_to_host", tcp_guest_to_host),
+        ("tcp_host_to_guest", tcp_host_to_guest),
+        ("tap_deleted_under_traffic", tap_deleted_under_traffic),
+    ])
+}
