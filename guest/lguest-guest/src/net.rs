@@ -43,7 +43,7 @@ use lguest_virtio::{need_event, ring, NetHdr};
 use smoltcp::phy::{self, Checksum, ChecksumCapabilities, DeviceCapabilities, Medium, PacketMeta};
 use smoltcp::time::Instant;
 use virtio_drivers::queue::VirtQueue;
-use virtio_drivers::transport::{DeviceStatus, Transport};
+use virtio_drivers::transport::Transport;
 
 use crate::bus::{self, BusError, Kicker, LguestTransport, QueueAreas};
 use crate::virtio::LguestHal;
@@ -395,20 +395,12 @@ impl<const QS: usize> VirtioNet<QS> {
 
     /// Drives the device behind `transport` (virtio 1.2 §3.1.1).
     pub fn new(mut transport: LguestTransport) -> Result<Self, BusError> {
-        transport.set_status(DeviceStatus::empty());
-        transport.set_status(DeviceStatus::ACKNOWLEDGE | DeviceStatus::DRIVER);
-        let offered = transport.read_device_features();
-        let mut features = offered & DRIVER_FEATURES;
-        if features & nf::CSUM == 0 {
+        let mut wanted = DRIVER_FEATURES;
+        if transport.read_device_features() & nf::CSUM == 0 {
             // Segmentation needs checksum offload (§5.1.3.1).
-            features &= !nf::HOST_TSO4;
+            wanted &= !nf::HOST_TSO4;
         }
-        transport.write_driver_features(features);
-        transport.set_status(DeviceStatus::ACKNOWLEDGE | DeviceStatus::DRIVER | DeviceStatus::FEATURES_OK);
-        if !transport.features_ok() {
-            transport.set_status(DeviceStatus::FAILED);
-            return Err(BusError::FeaturesRefused);
-        }
+        let features = crate::virtio::negotiate(&mut transport, wanted)?;
         let event_idx = features & nf::RING_EVENT_IDX != 0;
         let rxq = Box::new(VirtQueue::<LguestHal, QS>::new(&mut transport, RX, false, event_idx)?);
         let txq = Box::new(VirtQueue::<LguestHal, QS>::new(&mut transport, TX, false, event_idx)?);

@@ -6,21 +6,25 @@
 //! - [`LguestHal`]: the guest runs on the identity map, so a buffer's
 //!   guest-physical address is its address; DMA memory comes from the heap
 //!   ([`crate::heap`]), page aligned and zeroed.
-//! - [`console`], [`rng`]: virtio-drivers' `VirtIOConsole` and `VirtIORng`.
+//! - [`console`], [`rng`]: virtio-drivers' `VirtIOConsole` and `VirtIORng`;
+//!   [`Rng`]: an entropy driver of our own that halts while it waits.
 //! - [`Blk`]: `VirtIOBlk`, with reads and writes that halt until the
 //!   device's interrupt instead of spinning.
 //! - [`net`](crate::net) (feature `net`): a driver of our own.
 //!
-//! virtio-drivers' console and rng requests, and the block device's
-//! flush, still wait for the device by spinning (their helpers do); they
-//! are short.
+//! virtio-drivers' console output, `VirtIORng` requests and the block
+//! device's flush still wait for the device by spinning (their helpers
+//! do); they are short.
 
 use alloc::alloc::{alloc_zeroed, dealloc, Layout};
+use alloc::boxed::Box;
 use core::ptr::NonNull;
 
 use virtio_drivers::device::blk::{BlkReq, BlkResp, VirtIOBlk, SECTOR_SIZE};
 use virtio_drivers::device::console::VirtIOConsole;
 use virtio_drivers::device::rng::VirtIORng;
+use virtio_drivers::queue::VirtQueue;
+use virtio_drivers::transport::{DeviceStatus, Transport};
 use virtio_drivers::{BufferDirection, Hal, PhysAddr, PAGE_SIZE};
 
 use crate::bus::{self, BusError, LguestTransport, SlotInfo};
@@ -96,11 +100,77 @@ pub fn console() -> Result<Option<VirtIOConsole<LguestHal, LguestTransport>>, Bu
     }
 }
 
-/// The entropy source, if there is one.
+/// The entropy source as virtio-drivers' `VirtIORng`, if there is one
+/// (whose requests spin until the device answers; [`Rng`] halts instead).
 pub fn rng() -> Result<Option<VirtIORng<LguestHal, LguestTransport>>, BusError> {
     match open(bus::VIRTIO_ID_RNG)? {
         Some(t) => Ok(Some(VirtIORng::new(t)?)),
         None => Ok(None),
+    }
+}
+
+/// `VIRTIO_RING_F_EVENT_IDX`.
+pub const F_RING_EVENT_IDX: u64 = 1 << 29;
+/// `VIRTIO_F_VERSION_1`.
+pub const F_VERSION_1: u64 = 1 << 32;
+
+/// Feature negotiation (virtio 1.2 §3.1.1 steps 1-6): reset, ACKNOWLEDGE
+/// and DRIVER, the offered features that are also in `wanted`,
+/// FEATURES_OK, and a check that the device kept it. Returns the features
+/// taken; the driver then sets up its queues and calls `finish_init`.
+pub fn negotiate(t: &mut LguestTransport, wanted: u64) -> Result<u64, BusError> {
+    t.set_status(DeviceStatus::empty());
+    t.set_status(DeviceStatus::ACKNOWLEDGE | DeviceStatus::DRIVER);
+    let features = t.read_device_features() & wanted;
+    t.write_driver_features(features);
+    t.set_status(DeviceStatus::ACKNOWLEDGE | DeviceStatus::DRIVER | DeviceStatus::FEATURES_OK);
+    if !t.features_ok() {
+        t.set_status(DeviceStatus::FAILED);
+        return Err(BusError::FeaturesRefused);
+    }
+    Ok(features)
+}
+
+/// An entropy source whose requests halt until the device's interrupt
+/// (a driver of our own on [`VirtQueue`]: virtio-drivers' `VirtIORng`
+/// spins).
+pub struct Rng {
+    transport: LguestTransport,
+    q: Box<VirtQueue<LguestHal, 8>>,
+}
+
+impl Rng {
+    /// The first entropy source, if there is one.
+    pub fn open() -> Result<Option<Self>, BusError> {
+        let Some(mut t) = open(bus::VIRTIO_ID_RNG)? else { return Ok(None) };
+        let features = negotiate(&mut t, F_RING_EVENT_IDX | F_VERSION_1)?;
+        let q = Box::new(VirtQueue::new(&mut t, 0, false, features & F_RING_EVENT_IDX != 0)?);
+        t.finish_init();
+        Ok(Some(Self { transport: t, q }))
+    }
+
+    /// Fills (part of) `buf` with random bytes; returns how many.
+    pub fn fill(&mut self, buf: &mut [u8]) -> Result<usize, virtio_drivers::Error> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        // SAFETY: `buf` stays borrowed, untouched, until `pop_used` below
+        // returns it: we wait for the device in between.
+        let token = unsafe { self.q.add(&[], &mut [&mut *buf])? };
+        if self.q.should_notify() {
+            self.transport.notify(0);
+        }
+        let q = &self.q;
+        bus::wait_until(|| q.can_pop());
+        self.transport.ack_interrupt();
+        // SAFETY: the same buffer as was added under `token`.
+        let len = unsafe { self.q.pop_used(token, &[], &mut [buf])? };
+        Ok(len as usize)
+    }
+
+    /// The transport (for its counters).
+    pub fn transport(&self) -> &LguestTransport {
+        &self.transport
     }
 }
 

@@ -4,7 +4,8 @@
 //! when there is one (else the early console):
 //!
 //! - greets;
-//! - reads 16 bytes from the entropy source and prints them in hex;
+//! - reads 16 bytes from the entropy source (halting while it waits) and
+//!   prints them in hex;
 //! - on a disk: writes a sector (the last one) and reads it back, or only
 //!   reads sector 0 of a read-only disk;
 //! - on a network card: prints its MAC address and offloads;
@@ -99,10 +100,10 @@ fn main(_args: Args) -> Result<(), Failed> {
     let via = if out.0.is_some() { "the virtio console" } else { "the early console (no virtio console)" };
     writeln!(out, "devices: hello from the lguest guest over {via}")?;
 
-    match virtio::rng()? {
+    match virtio::Rng::open()? {
         Some(mut rng) => {
             let mut bytes = [0u8; 16];
-            let n = rng.request_entropy(&mut bytes).map_err(|e| fail("rng", e))?;
+            let n = rng.fill(&mut bytes).map_err(|e| fail("rng", e))?;
             write!(out, "devices: rng: {n} bytes:")?;
             for b in &bytes[..n] {
                 write!(out, " {b:02x}")?;
