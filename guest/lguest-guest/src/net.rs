@@ -139,7 +139,7 @@ impl RingState {
     /// Asks for an interrupt once `count` (>= 1) more buffers are used.
     fn arm(&self, count: u16) {
         if self.event_idx {
-            let event = self.popped.wrapping_add(count.max(1) - 1);
+            let event = lguest_virtio::arm_used_event(self.popped, count);
             // SAFETY: `used_event` is in the available ring, DMA memory of
             // the queue that only the driver writes.
             unsafe { self.used_event().write_volatile(event) };
@@ -156,7 +156,7 @@ impl RingState {
             // One behind what we popped: the device only signals when its
             // index crosses this, some 65535 buffers away.
             // SAFETY: as in `arm`.
-            unsafe { self.used_event().write_volatile(self.popped.wrapping_sub(1)) };
+            unsafe { self.used_event().write_volatile(lguest_virtio::disarmed_used_event(self.popped)) };
         } else {
             // SAFETY: as in `arm`: VRING_AVAIL_F_NO_INTERRUPT.
             unsafe { (self.areas.driver as *mut u16).write_volatile(1) };

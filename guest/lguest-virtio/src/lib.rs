@@ -110,6 +110,21 @@ pub const fn need_event(event: u16, new: u16, old: u16) -> bool {
     new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
 }
 
+/// The `used_event` that asks for an interrupt once `count` (at least 1)
+/// more buffers are used, for a driver that has popped `popped`.
+pub const fn arm_used_event(popped: u16, count: u16) -> u16 {
+    let count = if count == 0 { 1 } else { count };
+    popped.wrapping_add(count - 1)
+}
+
+/// The `used_event` that asks for no interrupt for as long as the protocol
+/// allows: one behind what the driver popped, so the device's index only
+/// crosses it after 65535 more buffers, which it cannot use without the
+/// driver popping (and so re-arming or disarming again) first.
+pub const fn disarmed_used_event(popped: u16) -> u16 {
+    popped.wrapping_sub(1)
+}
+
 /// Byte offsets of the split-ring fields the drivers read or write
 /// themselves (virtio 1.2 §2.7): `used_event` at the end of the available
 /// ring, `avail_event` at the end of the used ring.
@@ -311,6 +326,36 @@ mod tests {
                     let event = new.wrapping_sub(back);
                     // event is in [old, new) iff back in 1..=step.
                     assert_eq!(need_event(event, new, old), back >= 1 && back <= step, "{event} {new} {old}");
+                }
+            }
+        }
+    }
+
+    /// What a device does after using buffers `old..new`: interrupt if
+    /// `need_event(used_event, new, old)`.
+    fn device_signals(used_event: u16, old: u16, new: u16) -> bool {
+        need_event(used_event, new, old)
+    }
+
+    #[test]
+    fn armed_and_disarmed_used_event() {
+        for popped in [0u16, 1, 1000, 65534, 65535] {
+            // Armed for 1: the next used buffer interrupts.
+            let e = arm_used_event(popped, 1);
+            assert!(device_signals(e, popped, popped.wrapping_add(1)));
+            // Armed for 4: batches of 3 do not, the one reaching 4 does.
+            let e = arm_used_event(popped, 4);
+            assert!(!device_signals(e, popped, popped.wrapping_add(3)));
+            assert!(device_signals(e, popped.wrapping_add(3), popped.wrapping_add(4)));
+            assert!(device_signals(e, popped, popped.wrapping_add(10)));
+            assert_eq!(arm_used_event(popped, 0), arm_used_event(popped, 1));
+            // Disarmed: no batch of up to a full ring (here 32768) signals,
+            // whatever the device had used before.
+            let e = disarmed_used_event(popped);
+            for before in [0u16, 1, 255] {
+                let old = popped.wrapping_add(before);
+                for n in [1u16, 2, 256, 32768] {
+                    assert!(!device_signals(e, old, old.wrapping_add(n)), "{popped} {before} {n}");
                 }
             }
         }
