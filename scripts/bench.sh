@@ -3,7 +3,9 @@
 #
 # `make bench`: the benchmarks. Prints the static instruction count of one
 # world switch (from lguest.ko), then boots the QEMU host with
-# `-icount shift=0` (ICOUNT=0 to turn that off) and runs lguest_bench.
+# `-icount shift=0` (ICOUNT=0 to turn that off) and runs lguest_bench, then
+# the network benchmark lguest_netbench (NET_MIB per run, default 256; 0
+# leaves it out).
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
 OUT=$(bash "$REPO/scripts/build.sh")
@@ -33,6 +35,6 @@ PY
 
 log="$CACHE/logs/$(date +%Y%m%d-%H%M%S)-bench.log"
 mkdir -p "$CACHE/logs"
-ICOUNT=${ICOUNT:-1} KTAP_LOG="${log%.log}.out" timeout -s KILL 1200 \
+ICOUNT=${ICOUNT:-1} KTAP_LOG="${log%.log}.out" KARGS="lgtest.netmib=${NET_MIB:-256} ${KARGS:-}" timeout -s KILL 3600 \
 	bash "$REPO/scripts/qemu.sh" bench "${CPU:-max}" </dev/null >"$log" 2>&1 || true
 grep '^bench:' "${log%.log}.out" || { tail -20 "$log"; echo "bench: failed (log $log)"; exit 1; }

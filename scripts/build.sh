@@ -60,7 +60,7 @@ while read -r prog _; do
 	[ -n "$prog" ] || continue
 	cp "$BIN/$prog" "$ROOT/selftests/lguest/$prog" || fail "test program $prog was not built"
 done <"$REPO/selftests/tests.list"
-cp "$BIN/lguest_bench" "$ROOT/selftests/lguest/lguest_bench"
+cp "$BIN/lguest_bench" "$BIN/lguest_netbench" "$ROOT/selftests/lguest/"
 echo "root:x:0:0:root:/:/bin/sh" >"$ROOT/etc/passwd"
 echo "nobody:x:65534:65534:nobody:/:/bin/false" >>"$ROOT/etc/passwd"
 ( cd "$ROOT" && find . | cpio -o -H newc --quiet | gzip -1 ) >"$OUT/initramfs.gz"

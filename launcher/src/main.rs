@@ -78,8 +78,9 @@ enum Command {
         disk: Vec<virtio::block::DiskOptions>,
         /// A virtio network device on TAP device NAME (created if missing);
         /// ",nobatch" raises a receive interrupt per packet instead of per
-        /// batch. May be repeated.
-        #[arg(long, value_name = "tap=NAME[,nobatch]")]
+        /// batch; ",nooffload" offers no checksum or segmentation offload.
+        /// May be repeated.
+        #[arg(long, value_name = "tap=NAME[,nobatch][,nooffload]")]
         net: Vec<virtio::net::NetOptions>,
         /// Do not bind queue kicks with LGUEST_IOEVENTFD: every kick exits to
         /// the vCPU thread (for comparison).

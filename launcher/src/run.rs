@@ -98,7 +98,7 @@ fn models(opts: &DeviceOptions) -> Result<Vec<Box<dyn VirtioDevice>>> {
     for (n, net) in opts.nets.iter().enumerate() {
         let tap = Tap::open(&net.tap).with_context(|| format!("opening tap device {}", net.tap))?;
         let io = tap.try_clone_file().context("duplicating the tap fd")?;
-        v.push(Box::new(Net::new(io, Box::new(tap), &net.tap, net.batch, n)));
+        v.push(Box::new(Net::new(io, Box::new(tap), &net.tap, net.batch, n).with_offload(net.offload)));
     }
     Ok(v)
 }

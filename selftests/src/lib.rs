@@ -443,3 +443,62 @@ impl Proc {
 pub fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
 }
+
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
+const IFF_TAP: i16 = 0x0002;
+const IFF_NO_PI: i16 = 0x1000;
+const IFF_VNET_HDR: i16 = 0x4000;
+
+/// `struct ifreq` as TUNSETIFF reads it: the name, then the flags.
+#[repr(C)]
+struct IfReq {
+    name: [u8; 16],
+    flags: i16,
+    pad: [u8; 22],
+}
+
+/// Runs `ip ARGS` (iproute2 or busybox).
+pub fn ip(args: &[&str]) -> TestResult {
+    let o = std::process::Command::new("ip").args(args).output().map_err(|e| NotPassed::Fail(format!("ip: {e}")))?;
+    crate::check!(o.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&o.stderr));
+    Ok(())
+}
+
+/// Moves this process into a fresh network namespace with loopback up and
+/// a persistent tap `tap` (with virtio-net headers, as the launcher opens
+/// it) up at `cidr`. Nothing outside sees the addresses; the namespace
+/// and the tap go when the process moves on or exits. Skips without
+/// CAP_SYS_ADMIN.
+pub fn private_netns(tap: &str, cidr: &str) -> TestResult {
+    // SAFETY: unshare(2) with a flag only; this test program is single
+    // threaded here (no thread of ours runs while it switches).
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        let e = errno();
+        if e == libc::EPERM {
+            crate::skip!("unshare(CLONE_NEWNET): not permitted (run as root)");
+        }
+        crate::fail!("unshare(CLONE_NEWNET): {}", errname(e));
+    }
+    ip(&["link", "set", "lo", "up"])?;
+    let tun = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")
+        .map_err(|e| NotPassed::Fail(format!("/dev/net/tun: {e}")))?;
+    let mut req = IfReq { name: [0; 16], flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR, pad: [0; 22] };
+    crate::check!(tap.len() < 16, "tap name {tap:?} too long");
+    req.name[..tap.len()].copy_from_slice(tap.as_bytes());
+    // SAFETY: TUNSETIFF reads a `struct ifreq`, which `req` is (40 bytes).
+    if unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETIFF, &mut req as *mut IfReq) } != 0 {
+        crate::fail!("TUNSETIFF {tap}: {}", errname(errno()));
+    }
+    // SAFETY: TUNSETPERSIST takes an integer argument.
+    if unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETPERSIST, 1 as libc::c_ulong) } != 0 {
+        crate::fail!("TUNSETPERSIST {tap}: {}", errname(errno()));
+    }
+    drop(tun);
+    ip(&["addr", "add", cidr, "dev", tap])?;
+    ip(&["link", "set", tap, "up"])?;
+    Ok(())
+}

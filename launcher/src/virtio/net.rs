@@ -88,6 +88,9 @@ pub struct NetOptions {
     pub tap: String,
     /// Batch receive interrupts (the default; `nobatch` turns it off).
     pub batch: bool,
+    /// Offer checksum and segmentation offload (the default; `nooffload`
+    /// offers neither, for comparison).
+    pub offload: bool,
 }
 
 impl std::str::FromStr for NetOptions {
@@ -96,16 +99,19 @@ impl std::str::FromStr for NetOptions {
     fn from_str(s: &str) -> Result<Self, String> {
         let mut tap = None;
         let mut batch = true;
+        let mut offload = true;
         for part in s.split(',') {
             match part.split_once('=') {
                 Some(("tap", name)) if !name.is_empty() && name.len() < libc::IFNAMSIZ => tap = Some(name.to_owned()),
                 None if part == "nobatch" => batch = false,
                 None if part == "batch" => batch = true,
-                _ => return Err(format!("bad net option {part:?} (expected tap=NAME[,nobatch])")),
+                None if part == "nooffload" => offload = false,
+                None if part == "offload" => offload = true,
+                _ => return Err(format!("bad net option {part:?} (expected tap=NAME[,nobatch][,nooffload])")),
             }
         }
         let tap = tap.ok_or("expected tap=NAME")?;
-        Ok(Self { tap, batch })
+        Ok(Self { tap, batch, offload })
     }
 }
 
@@ -116,6 +122,8 @@ pub struct Net {
     name: String,
     mac: [u8; 6],
     batch: bool,
+    /// Offer the offload features.
+    offload: bool,
     hdr_len: usize,
     /// No receive buffers: do not poll the tap until queue 0 is kicked.
     rx_wait: bool,
@@ -143,11 +151,22 @@ impl Net {
             name: format!("net{n} ({tap}{})", if batch { "" } else { ", nobatch" }),
             mac,
             batch,
+            offload: true,
             hdr_len: 12,
             rx_wait: false,
             unsignalled: 0,
             buf: vec![0; MAX_FRAME],
         }
+    }
+
+    /// Offers checksum and segmentation offload, or (`false`) neither:
+    /// the guest then checksums and segments every frame itself.
+    pub fn with_offload(mut self, offload: bool) -> Self {
+        self.offload = offload;
+        if !offload {
+            self.name = format!("{}, nooffload)", self.name.trim_end_matches(')'));
+        }
+        self
     }
 
     fn signalled(&mut self, qs: &mut Queues<'_>) -> Result<(), DeviceError> {
@@ -284,7 +303,11 @@ impl VirtioDevice for Net {
     }
 
     fn features(&self) -> u64 {
-        NET_FEATURES
+        if self.offload {
+            NET_FEATURES
+        } else {
+            NET_FEATURES & (VIRTIO_NET_F_MAC | VIRTIO_NET_F_STATUS)
+        }
     }
 
     fn queue_max(&self) -> Vec<u16> {

@@ -836,8 +836,12 @@ fn net_transmit_with_a_writable_buffer_needs_reset() {
 
 #[test]
 fn net_options_parse() {
-    assert_eq!("tap=tap0".parse::<NetOptions>(), Ok(NetOptions { tap: "tap0".into(), batch: true }));
-    assert_eq!("tap=t,nobatch".parse::<NetOptions>(), Ok(NetOptions { tap: "t".into(), batch: false }));
+    assert_eq!("tap=tap0".parse::<NetOptions>(), Ok(NetOptions { tap: "tap0".into(), batch: true, offload: true }));
+    assert_eq!("tap=t,nobatch".parse::<NetOptions>(), Ok(NetOptions { tap: "t".into(), batch: false, offload: true }));
+    assert_eq!(
+        "tap=t,nooffload,nobatch".parse::<NetOptions>(),
+        Ok(NetOptions { tap: "t".into(), batch: false, offload: false })
+    );
     assert!("tap=".parse::<NetOptions>().is_err());
     assert!("nobatch".parse::<NetOptions>().is_err());
     assert!("tap=x,fast".parse::<NetOptions>().is_err());

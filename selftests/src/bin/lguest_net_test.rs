@@ -12,7 +12,7 @@
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use lguest_selftests::{self as t, check, check_eq, fail, guest, skip, strings, Outcome, Proc, TestResult};
+use lguest_selftests::{self as t, check, check_eq, guest, strings, Outcome, Proc, TestResult};
 
 const TAP: &str = "lgtap0";
 const HOST: &str = "192.168.2.1";
@@ -21,63 +21,6 @@ const PORT: u16 = 9999;
 /// Bytes each way: 64 MiB.
 const BULK: u64 = 64 << 20;
 const TIMEOUT: Duration = Duration::from_secs(300);
-
-const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
-const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
-const IFF_TAP: i16 = 0x0002;
-const IFF_NO_PI: i16 = 0x1000;
-const IFF_VNET_HDR: i16 = 0x4000;
-
-/// `struct ifreq` as TUNSETIFF reads it: the name, then the flags.
-#[repr(C)]
-struct IfReq {
-    name: [u8; 16],
-    flags: i16,
-    pad: [u8; 22],
-}
-
-/// Runs `ip ARGS` (iproute2 or busybox).
-fn ip(args: &[&str]) -> TestResult {
-    let o = Command::new("ip").args(args).output().map_err(|e| t::NotPassed::Fail(format!("ip: {e}")))?;
-    check!(o.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&o.stderr));
-    Ok(())
-}
-
-/// A fresh network namespace for this process with `lgtap0` up at
-/// 192.168.2.1/24 (created persistent, with virtio-net headers, as the
-/// launcher opens it).
-fn netns() -> TestResult {
-    // SAFETY: unshare(2) with a flag only; this test program is single
-    // threaded here (no thread of ours runs while it switches).
-    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-        let e = t::errno();
-        if e == libc::EPERM {
-            skip!("unshare(CLONE_NEWNET): not permitted (run as root)");
-        }
-        fail!("unshare(CLONE_NEWNET): {}", t::errname(e));
-    }
-    ip(&["link", "set", "lo", "up"])?;
-    let tun = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/net/tun")
-        .map_err(|e| t::NotPassed::Fail(format!("/dev/net/tun: {e}")))?;
-    let mut req = IfReq { name: [0; 16], flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR, pad: [0; 22] };
-    req.name[..TAP.len()].copy_from_slice(TAP.as_bytes());
-    use std::os::fd::AsRawFd;
-    // SAFETY: TUNSETIFF reads a `struct ifreq`, which `req` is (40 bytes).
-    if unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETIFF, &mut req as *mut IfReq) } != 0 {
-        fail!("TUNSETIFF {TAP}: {}", t::errname(t::errno()));
-    }
-    // SAFETY: TUNSETPERSIST takes an integer argument.
-    if unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETPERSIST, 1 as libc::c_ulong) } != 0 {
-        fail!("TUNSETPERSIST {TAP}: {}", t::errname(t::errno()));
-    }
-    drop(tun);
-    ip(&["addr", "add", &format!("{HOST}/24"), "dev", TAP])?;
-    ip(&["link", "set", TAP, "up"])?;
-    Ok(())
-}
 
 /// Starts `lguest run --stats --net tap=lgtap0[,OPT] tcpblast ARGS`.
 fn guest_run(net_opt: &str, args: &[&str]) -> Result<Proc, t::NotPassed> {
@@ -105,7 +48,7 @@ fn both_ok(g: &Outcome, s: &Outcome) -> Result<String, t::NotPassed> {
 
 /// The host pings the guest (smoltcp answers): 5 of 5 replies.
 fn ping_host_to_guest() -> TestResult {
-    netns()?;
+    t::private_netns(TAP, &format!("{HOST}/24"))?;
     let g = guest_run("", &["ping=20"])?;
     // Let the guest come up; ping retries anyway.
     let start = Instant::now();
@@ -128,7 +71,7 @@ fn ping_host_to_guest() -> TestResult {
 
 /// 64 MiB guest to host over TCP; the sink checks every byte and the count.
 fn tcp_guest_to_host() -> TestResult {
-    netns()?;
+    t::private_netns(TAP, &format!("{HOST}/24"))?;
     let addr = format!("{HOST}:{PORT}");
     let s = sink(&[&addr, "--expect", &BULK.to_string(), "--timeout", "280"])?;
     std::thread::sleep(Duration::from_millis(300));
@@ -142,7 +85,7 @@ fn tcp_guest_to_host() -> TestResult {
 
 /// 64 MiB host to guest over TCP; the guest checks every byte.
 fn tcp_host_to_guest() -> TestResult {
-    netns()?;
+    t::private_netns(TAP, &format!("{HOST}/24"))?;
     let addr = format!("{HOST}:{PORT}");
     let s = sink(&[&addr, "--send", &BULK.to_string(), "--timeout", "280"])?;
     std::thread::sleep(Duration::from_millis(300));
@@ -157,13 +100,13 @@ fn tcp_host_to_guest() -> TestResult {
 /// Deleting the tap while the guest sends: the launcher stops with a clear
 /// error (no panic, no signal), and the host goes on (a guest still runs).
 fn tap_deleted_under_traffic() -> TestResult {
-    netns()?;
+    t::private_netns(TAP, &format!("{HOST}/24"))?;
     let addr = format!("{HOST}:{PORT}");
     let s = sink(&[&addr, "--timeout", "60"])?;
     std::thread::sleep(Duration::from_millis(300));
     let g = guest_run("", &[&format!("peer={addr}"), "send=1073741824", "timeout=60"])?;
     std::thread::sleep(Duration::from_secs(3));
-    ip(&["link", "del", TAP])?;
+    t::ip(&["link", "del", TAP])?;
     let g = g.wait(Duration::from_secs(90))?;
     let _ = s.wait(Duration::from_secs(90));
     println!("# after the tap went: exit {}; {}", g.code, g.stderr.lines().last().unwrap_or(""));

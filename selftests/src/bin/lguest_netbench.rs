@@ -1,0 +1,172 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The network benchmark (tcpblast's modern form): bulk TCP guest -> host
+//! and host -> guest through the virtio-net device, in a private network
+//! namespace, for each combination of
+//!
+//! - receive-interrupt batching in the launcher (`--net tap=..,nobatch`),
+//! - the guest's `irq_pending` check when it re-enables interrupts (the
+//!   guest command-line word `noirqcheck` turns it off),
+//! - checksum and segmentation offload (`--net tap=..,nooffload`),
+//!
+//! and prints one `bench:` line per run with the throughput (timed by the
+//! host's `lguest-tcpsink`), packets per receive interrupt, interrupts per
+//! MB and exits per MB (from the launcher's `--stats` and `-v` counters),
+//! then the two effects the 2009 lguest changes were about. Usage:
+//! `lguest_netbench [MIB]` (default 256 MiB per run). Not a test: it
+//! asserts nothing but that every transfer completes and checks out.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use lguest_selftests::{self as t, guest, strings, Outcome, Proc};
+
+const TAP: &str = "lgbench0";
+const HOST: &str = "192.168.2.1";
+const PORT: u16 = 9999;
+
+/// One configuration.
+#[derive(Clone, Copy)]
+struct Row {
+    to_host: bool,
+    batch: bool,
+    irqcheck: bool,
+    offload: bool,
+}
+
+/// What one run measured.
+struct Result {
+    mb_per_s: f64,
+    pkts_per_rx_irq: f64,
+    irqs_per_mb: f64,
+    exits_per_mb: f64,
+}
+
+fn on(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+/// The number before `word` in `line` (`"... 261 packets"` -> 261).
+fn number_before(line: &str, word: &str) -> Option<f64> {
+    let words: Vec<&str> = line.split(|c: char| c.is_whitespace() || c == ',' || c == '(').collect();
+    let i = words.iter().position(|w| *w == word)?;
+    words.get(i.checked_sub(1)?)?.parse().ok()
+}
+
+/// Parses the launcher's counters and the sink's line.
+fn measure(g: &Outcome, s: &Outcome, bytes: u64) -> Option<Result> {
+    let sink = s.stdout.lines().find(|l| l.starts_with("tcpsink: ") && l.contains(" MB/s"))?;
+    let mb_per_s = number_before(sink, "MB/s")?;
+    let rx = g.stderr.lines().find(|l| l.trim_start().starts_with("rx: "))?;
+    let tx = g.stderr.lines().find(|l| l.trim_start().starts_with("tx: "))?;
+    let (rx_pkts, rx_irqs) = (number_before(rx, "packets")?, number_before(rx, "interrupts")?);
+    let tx_irqs = number_before(tx, "interrupts")?;
+    let exits = g.stderr.lines().find(|l| l.contains(" exits, ")).and_then(|l| number_before(l, "exits"))?;
+    let mb = bytes as f64 / 1e6;
+    Some(Result {
+        mb_per_s,
+        pkts_per_rx_irq: if rx_irqs > 0.0 { rx_pkts / rx_irqs } else { 0.0 },
+        irqs_per_mb: (rx_irqs + tx_irqs) / mb,
+        exits_per_mb: exits / mb,
+    })
+}
+
+fn run(row: Row, bytes: u64) -> std::result::Result<Result, String> {
+    let addr = format!("{HOST}:{PORT}");
+    let n = bytes.to_string();
+    let sink_args = if row.to_host {
+        strings(&[&addr, "--expect", &n, "--timeout", "1800"])
+    } else {
+        strings(&[&addr, "--send", &n, "--timeout", "1800"])
+    };
+    let s = Proc::spawn("lguest-tcpsink", &sink_args, None).map_err(|e| format!("{e:?}"))?;
+    std::thread::sleep(Duration::from_millis(300));
+    let mut net = format!("tap={TAP}");
+    if !row.batch {
+        net.push_str(",nobatch");
+    }
+    if !row.offload {
+        net.push_str(",nooffload");
+    }
+    let mut a = strings(&["-v", "run", "--memory", "256M", "--stats", "--net", &net, &guest("tcpblast")]);
+    a.push("ip=192.168.2.2/24".into());
+    a.push(format!("peer={addr}"));
+    a.push(format!("{}={bytes}", if row.to_host { "send" } else { "recv" }));
+    a.push("timeout=1800".into());
+    if !row.irqcheck {
+        a.push("noirqcheck".into());
+    }
+    let g = Proc::launcher(&a, None).map_err(|e| format!("{e:?}"))?;
+    let limit = Duration::from_secs(1900);
+    let g = g.wait(limit).map_err(|e| format!("{e:?}"))?;
+    let s = s.wait(limit).map_err(|e| format!("{e:?}"))?;
+    if g.code != 0 || s.code != 0 {
+        return Err(format!("guest: {}; sink: {}", g.describe(), s.describe()));
+    }
+    measure(&g, &s, bytes).ok_or_else(|| format!("no counters: {}; {}", g.describe(), s.describe()))
+}
+
+fn main() -> ExitCode {
+    let mib: u64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(256);
+    let bytes = mib << 20;
+    if let Err(e) = t::private_netns(TAP, &format!("{HOST}/24")) {
+        println!("bench: net: no network namespace: {e:?}");
+        return ExitCode::FAILURE;
+    }
+    let mut results = Vec::new();
+    for to_host in [true, false] {
+        for offload in [true, false] {
+            for irqcheck in [true, false] {
+                for batch in [true, false] {
+                    let row = Row { to_host, batch, irqcheck, offload };
+                    let name = format!(
+                        "{} {mib} MiB batch={} irqcheck={} offload={}",
+                        if to_host { "guest->host" } else { "host->guest" },
+                        on(batch),
+                        on(irqcheck),
+                        on(offload)
+                    );
+                    match run(row, bytes) {
+                        Ok(r) => {
+                            println!(
+                                "bench: net {name}: {:.1} MB/s, {:.1} packets/rx-interrupt, {:.0} interrupts/MB, {:.0} \
+                                 exits/MB",
+                                r.mb_per_s, r.pkts_per_rx_irq, r.irqs_per_mb, r.exits_per_mb
+                            );
+                            results.push((row, r));
+                        }
+                        Err(e) => {
+                            println!("bench: net {name}: failed: {e}");
+                            return ExitCode::FAILURE;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let find = |to_host, batch, irqcheck, offload| {
+        results
+            .iter()
+            .find(|(r, _)| r.to_host == to_host && r.batch == batch && r.irqcheck == irqcheck && r.offload == offload)
+    };
+    if let (Some((_, with)), Some((_, without))) = (find(true, true, true, true), find(true, true, false, true)) {
+        println!(
+            "bench: net irq_pending effect guest->host: {:.2}x throughput ({:.1} vs {:.1} MB/s)",
+            with.mb_per_s / without.mb_per_s,
+            with.mb_per_s,
+            without.mb_per_s
+        );
+    }
+    if let (Some((_, with)), Some((_, without))) = (find(false, true, true, true), find(false, false, true, true)) {
+        println!(
+            "bench: net batching effect host->guest: {:.1} vs {:.1} packets/rx-interrupt, {:.2}x throughput",
+            with.pkts_per_rx_irq,
+            without.pkts_per_rx_irq,
+            with.mb_per_s / without.mb_per_s
+        );
+    }
+    ExitCode::SUCCESS
+}
