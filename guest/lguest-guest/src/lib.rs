@@ -70,6 +70,9 @@ pub use shutdown::{crash, crash_fmt, poweroff, poweroff_fmt, restart};
 
 /// The ABI crate, re-exported so a guest needs only one dependency.
 pub use lguest_abi as abi;
+/// virtio-net feature bits, for [`net::VirtioNet::open_with`].
+#[cfg(feature = "net")]
+pub use lguest_virtio::net_features;
 /// smoltcp, as the `net` driver is built against it (feature `net`).
 #[cfg(feature = "net")]
 pub use smoltcp;

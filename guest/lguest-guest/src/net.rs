@@ -387,16 +387,27 @@ impl<const QS: usize> VirtioNet<QS> {
     /// The first network device on the bus, if there is one, set up and
     /// running (receive ring full).
     pub fn open() -> Result<Option<Self>, BusError> {
+        Self::open_with(DRIVER_FEATURES)
+    }
+
+    /// [`VirtioNet::open`], taking only the features in `wanted` (a subset
+    /// of [`DRIVER_FEATURES`]; for example without `HOST_TSO4`, to compare).
+    pub fn open_with(wanted: u64) -> Result<Option<Self>, BusError> {
         match crate::virtio::open(bus::VIRTIO_ID_NET)? {
-            Some(t) => Self::new(t).map(Some),
+            Some(t) => Self::with_features(t, wanted).map(Some),
             None => Ok(None),
         }
     }
 
     /// Drives the device behind `transport` (virtio 1.2 §3.1.1).
-    pub fn new(mut transport: LguestTransport) -> Result<Self, BusError> {
-        let mut wanted = DRIVER_FEATURES;
-        if transport.read_device_features() & nf::CSUM == 0 {
+    pub fn new(transport: LguestTransport) -> Result<Self, BusError> {
+        Self::with_features(transport, DRIVER_FEATURES)
+    }
+
+    /// [`VirtioNet::new`], taking only the features in `wanted`.
+    pub fn with_features(mut transport: LguestTransport, wanted: u64) -> Result<Self, BusError> {
+        let mut wanted = wanted & DRIVER_FEATURES;
+        if transport.read_device_features() & wanted & nf::CSUM == 0 {
             // Segmentation needs checksum offload (§5.1.3.1).
             wanted &= !nf::HOST_TSO4;
         }

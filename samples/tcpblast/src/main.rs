@@ -8,6 +8,7 @@
 //! ip=192.168.2.2/24 listen=9999 send=N | recv=N           the same, but wait for the host to connect
 //! ip=192.168.2.2/24 ping=SECONDS                           only answer pings for that long
 //! timeout=SECONDS                                          give up after that long (default 300)
+//! notso, nocsum                                            leave out TSO, or all checksum offloads
 //! ```
 //!
 //! The stream carries the pattern byte `i` = `(i * 131 + 7) % 251` (the
@@ -31,7 +32,8 @@ extern crate alloc;
 use alloc::vec;
 use alloc::vec::Vec;
 
-use lguest_guest::net::VirtioNet;
+use lguest_guest::net::{VirtioNet, DRIVER_FEATURES};
+use lguest_guest::net_features;
 use lguest_guest::smoltcp::iface::{Config, Interface, SocketSet};
 use lguest_guest::smoltcp::socket::tcp;
 use lguest_guest::smoltcp::time::{Duration, Instant};
@@ -63,6 +65,8 @@ struct Opts {
     listen: Option<u16>,
     mode: Mode,
     timeout_s: u64,
+    /// Offloads to leave out (`notso`, `nocsum`).
+    no_features: u64,
 }
 
 fn bad(what: &str, v: &str) -> ! {
@@ -86,6 +90,7 @@ fn parse(args: &Args) -> Opts {
     let mut listen = None;
     let mut mode = None;
     let mut timeout_s = 300;
+    let mut no_features = 0;
     for w in args {
         let (k, v) = w.split_once('=').unwrap_or((w, ""));
         let num = |v: &str| v.parse::<u64>().unwrap_or_else(|_| bad(k, v));
@@ -106,6 +111,8 @@ fn parse(args: &Args) -> Opts {
             "recv" => mode = Some(Mode::Recv(num(v))),
             "ping" => mode = Some(Mode::Ping(num(v))),
             "timeout" => timeout_s = num(v),
+            "notso" => no_features |= net_features::HOST_TSO4,
+            "nocsum" => no_features |= net_features::CSUM | net_features::GUEST_CSUM | net_features::HOST_TSO4,
             _ => bad("word", w),
         }
     }
@@ -114,7 +121,7 @@ fn parse(args: &Args) -> Opts {
     if !matches!(mode, Mode::Ping(_)) && peer.is_none() && listen.is_none() {
         bad("command line (send and recv need peer= or listen=)", args.as_str());
     }
-    Opts { ip, prefix, peer, listen, mode, timeout_s }
+    Opts { ip, prefix, peer, listen, mode, timeout_s, no_features }
 }
 
 fn now() -> Instant {
@@ -132,7 +139,7 @@ fn main(args: Args) -> ! {
     if let Err(e) = bus::init() {
         crash_fmt(format_args!("tcpblast: interrupts: {e}"));
     }
-    let mut net = match VirtioNet::<256>::open() {
+    let mut net = match VirtioNet::<256>::open_with(DRIVER_FEATURES & !o.no_features) {
         Ok(Some(n)) => n,
         Ok(None) => crash_fmt(format_args!("tcpblast: no network device on the lguest bus")),
         Err(e) => crash_fmt(format_args!("tcpblast: net: {e}")),
