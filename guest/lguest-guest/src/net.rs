@@ -529,9 +529,12 @@ impl<const QS: usize> VirtioNet<QS> {
         self.flush();
         self.rx.ring.arm(1);
         if self.tx.blocked || self.tx.rx_blocked {
-            // Wake when three quarters of what is in flight came back.
+            // Wake when half of what is in flight came back: early enough
+            // that the device still has work while the guest refills (with
+            // three quarters, 128 MiB without TSO took 2.4 times as long,
+            // with 153 waits ended by the safety-net timer instead of 10).
             let inflight = self.tx.ring.added.wrapping_sub(self.tx.ring.popped);
-            self.tx.ring.arm((inflight / 4 * 3).max(1));
+            self.tx.ring.arm((inflight / 2).max(1));
         }
         let tx_waited = self.tx.blocked || self.tx.rx_blocked;
         (self.rx_pending() && !self.tx.rx_blocked) || (tx_waited && self.tx.ring.pending() != 0)
