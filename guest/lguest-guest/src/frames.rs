@@ -158,7 +158,7 @@ pub fn alloc_large() -> Option<u64> {
 /// Gives back a 4 KiB frame from [`alloc`]. Nothing may map or use it any
 /// more (the caller has told the host about the unmapping).
 pub fn free(pa: u64) {
-    debug_assert!(pa % FRAME_SIZE == 0);
+    debug_assert!(pa.is_multiple_of(FRAME_SIZE));
     with(|p| {
         push(&mut p.free_small, pa);
         p.used -= FRAME_SIZE;
@@ -167,7 +167,7 @@ pub fn free(pa: u64) {
 
 /// Gives back a 2 MiB frame from [`alloc_large`].
 pub fn free_large(pa: u64) {
-    debug_assert!(pa % LARGE_FRAME_SIZE == 0);
+    debug_assert!(pa.is_multiple_of(LARGE_FRAME_SIZE));
     with(|p| {
         push(&mut p.free_large, pa);
         p.used -= LARGE_FRAME_SIZE;

@@ -441,7 +441,7 @@ impl AddressSpace {
         if !(USER_START..USER_END).contains(&va) {
             return Err(Error::NotUser(va));
         }
-        if va % size.bytes() != 0 {
+        if !va.is_multiple_of(size.bytes()) {
             return Err(Error::Misaligned(va));
         }
         Ok(())
@@ -451,7 +451,7 @@ impl AddressSpace {
     /// added; so is PS for a large page) and tells the host.
     pub fn map(&mut self, va: u64, pa: u64, size: PageSize, flags: u64) -> Result<(), Error> {
         Self::check(va, size)?;
-        if pa % size.bytes() != 0 {
+        if !pa.is_multiple_of(size.bytes()) {
             return Err(Error::Misaligned(pa));
         }
         let level = size.level();

@@ -479,7 +479,7 @@ fn main(args: Args) -> ! {
     while st.op < ops {
         st.step();
         st.op += 1;
-        if st.op % 10_000 == 0 {
+        if st.op.is_multiple_of(10_000) {
             st.verify();
         }
     }
