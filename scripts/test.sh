@@ -21,7 +21,10 @@ OUT=$(bash "$REPO/scripts/build.sh")
 echo "[test] cargo test (host-side crates)"
 clog="$OUT/cargo-test.log"
 set +e
-( cd "$REPO" && cargo test --quiet --workspace ) >"$clog" 2>&1
+# The userspace workspace, and the guest logic that runs on the build
+# host too (the guest workspace's lguest-virtio crate).
+{ ( cd "$REPO" && cargo test --quiet --workspace ) &&
+  ( cd "$REPO/guest" && cargo test --quiet --target x86_64-unknown-linux-gnu -p lguest-virtio ); } >"$clog" 2>&1
 crc=$?
 set -e
 cpass=$(sed -n 's/^test result: .* \([0-9]\+\) passed; \([0-9]\+\) failed.*/\1/p' "$clog" | awk '{s+=$1} END {print s+0}')
