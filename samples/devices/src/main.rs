@@ -11,7 +11,9 @@
 //! - on a network card: prints its MAC address and offloads;
 //!
 //! and powers off with "devices: done". A device that fails crashes the
-//! guest with the error.
+//! guest with the error. With `echo` on the command line it also reads one
+//! line from the virtio console (the launcher's stdin) and writes it back
+//! as `devices: echo: LINE` (a console round trip).
 #![no_std]
 #![no_main]
 
@@ -78,7 +80,27 @@ fn page_fault(frame: &mut lguest_guest::TrapFrame) {
     ))
 }
 
-fn main(_args: Args) -> Result<(), Failed> {
+/// Reads one line (without its newline) from the console, waiting (halted)
+/// for input; gives up after 30 s.
+fn read_line(c: &mut Console) -> Result<alloc::vec::Vec<u8>, Failed> {
+    let deadline = lguest_guest::clock::now_ns() + 30_000_000_000;
+    let mut line = alloc::vec::Vec::new();
+    loop {
+        match c.recv(true).map_err(|e| fail("console read", e))? {
+            Some(b'\n') => return Ok(line),
+            Some(b) => line.push(b),
+            None if lguest_guest::clock::now_ns() > deadline => {
+                return Err(Failed("devices: echo: no line on the console within 30 s".into()))
+            }
+            None => {
+                bus::wait_until(|| matches!(c.recv(false), Ok(Some(_))) || lguest_guest::clock::now_ns() > deadline)
+            }
+        }
+    }
+}
+
+fn main(args: Args) -> Result<(), Failed> {
+    let echo = args.iter().any(|w| w == "echo");
     lguest_guest::interrupts::set_trap_handler(lguest_guest::interrupts::PAGE_FAULT, page_fault)
         .map_err(|e| fail("interrupts", e))?;
     bus::init().map_err(|e| fail("interrupts", e))?;
@@ -99,6 +121,13 @@ fn main(_args: Args) -> Result<(), Failed> {
     let mut out = Out(virtio::console()?);
     let via = if out.0.is_some() { "the virtio console" } else { "the early console (no virtio console)" };
     writeln!(out, "devices: hello from the lguest guest over {via}")?;
+    if echo {
+        let Some(c) = out.0.as_mut() else {
+            return Err(Failed("devices: echo: no virtio console".into()));
+        };
+        let line = read_line(c)?;
+        writeln!(out, "devices: echo: {}", alloc::string::String::from_utf8_lossy(&line))?;
+    }
 
     match virtio::Rng::open()? {
         Some(mut rng) => {

@@ -95,6 +95,18 @@ fn bus_demo() -> TestResult {
     Ok(())
 }
 
+/// A console round trip: a line on the launcher's stdin reaches the guest
+/// through the virtio console's receive queue and comes back on stdout
+/// through its transmit queue.
+fn console_roundtrip() -> TestResult {
+    let line = "the quick brown fox jumps over the lazy guest 0123456789";
+    let a = strings(&["run", &guest("devices"), "echo"]);
+    let o = Proc::launcher(&a, Some(format!("{line}\n").into_bytes()))?.wait(TIMEOUT)?;
+    check_eq!(o.code, 0, format!("exit status ({})", o.describe()));
+    check!(o.stdout.contains(&format!("devices: echo: {line}")), "no echo: {}", o.describe());
+    Ok(())
+}
+
 /// Without `--disk` and with `--no-rng` / `--no-console` the bus holds
 /// exactly what was asked for.
 fn bus_only_what_was_asked() -> TestResult {
@@ -174,6 +186,7 @@ fn main() -> ExitCode {
     t::run(&[
         ("bus_demo", bus_demo),
         ("bus_only_what_was_asked", bus_only_what_was_asked),
+        ("console_roundtrip", console_roundtrip),
         ("blk_write_flush_verify", blk_write_flush_verify),
         ("blk_read_only", blk_read_only),
         ("bad_device_options", bad_device_options),
