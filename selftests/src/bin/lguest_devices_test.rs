@@ -166,6 +166,22 @@ fn blk_read_only() -> TestResult {
     Ok(())
 }
 
+/// A hostile driver (`samples/badvq`) feeds the entropy device malformed
+/// queues: a buffer outside guest memory, a looping chain, a read-only
+/// buffer to fill, a 4 GiB buffer, a head index beyond the ring, an
+/// available index far ahead, an indirect table outside memory. Each time
+/// the device sets DEVICE_NEEDS_RESET instead of touching anything; the
+/// launcher lives on, and after a reset a good request works.
+fn malformed_virtqueues() -> TestResult {
+    let o = run(&[], "badvq", &[])?;
+    check_eq!(o.code, 0, format!("exit status ({})", o.describe()));
+    let resets = o.stdout.lines().filter(|l| l.ends_with(": device needs reset")).count();
+    check_eq!(resets, 7, format!("cases the device refused ({})", o.describe()));
+    check!(o.stdout.contains("badvq: good request after the resets: 16 bytes"), "{}", o.describe());
+    check!(!o.stderr.contains("panicked"), "the launcher panicked: {}", o.describe());
+    Ok(())
+}
+
 /// Bad device options are clear launcher errors, before any guest runs.
 fn bad_device_options() -> TestResult {
     let cases: [(&[&str], &str); 3] = [
@@ -189,6 +205,7 @@ fn main() -> ExitCode {
         ("console_roundtrip", console_roundtrip),
         ("blk_write_flush_verify", blk_write_flush_verify),
         ("blk_read_only", blk_read_only),
+        ("malformed_virtqueues", malformed_virtqueues),
         ("bad_device_options", bad_device_options),
     ])
 }
