@@ -322,8 +322,8 @@ impl Vm {
         irq.set_task(Some(ARef::from(&**current!())));
         let _unregister = ScopeGuard(|| irq.set_task(None));
         loop {
-            self.vcpus[index].stat_shadow_pages = self.shadow_pages() as u64;
             if let Some(reason) = &self.dead {
+                self.vcpus[index].stat_shadow_pages = self.shadow_pages() as u64;
                 let v = &self.vcpus[index];
                 v.write_exit(uapi::LGUEST_EXIT_KILLED, 0, 0, 0, reason.bytes());
                 return Ok(0);
@@ -340,6 +340,7 @@ impl Vm {
                     Ok(Halted::Slept) => continue,
                     Ok(Halted::Never) => {
                         self.vcpus[index].halted = false;
+                        self.vcpus[index].stat_shadow_pages = self.shadow_pages() as u64;
                         self.vcpus[index].report(UserExit::Halt);
                         return Ok(0);
                     }
@@ -394,6 +395,7 @@ impl Vm {
             match outcome {
                 Ok(None) => continue,
                 Ok(Some(exit)) => {
+                    self.vcpus[index].stat_shadow_pages = self.shadow_pages() as u64;
                     self.vcpus[index].report(exit);
                     return Ok(0);
                 }
@@ -513,7 +515,8 @@ impl Vm {
         }
     }
 
-    /// Table pages in all shadows (reported in the run page).
+    /// Table pages in all shadows (reported in the run page when RUN
+    /// returns).
     pub(crate) fn shadow_pages(&self) -> usize {
         self.shadow.pages() + self.roots.iter().map(|c| c.pair.pages()).sum::<usize>()
     }
