@@ -359,5 +359,6 @@ fn main(args: Args) -> ! {
     if t.mismatches != 0 {
         crash_fmt(format_args!("access: {} of {} cases differ from x86", t.mismatches, t.cases));
     }
+    println!("access: done");
     poweroff_fmt(format_args!("access: done: {} cases, 0 mismatches", t.cases))
 }

@@ -503,5 +503,6 @@ fn main(args: Args) -> ! {
         s.faults_expected,
         s.faults_seen
     );
+    println!("mmstress: seed {seed}: done");
     poweroff_fmt(format_args!("mmstress: seed {seed}: done"))
 }

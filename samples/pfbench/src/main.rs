@@ -247,5 +247,6 @@ fn main(args: Args) -> ! {
     println!("pfbench: fork_cycles={fork} pages={fork_pages} iterations={iterations}");
     let (ptes, flushes, switches) = paging::stats();
     println!("pfbench: hypercalls: {ptes} SET_PTE, {flushes} flushes, {switches} NEW_PGTABLE");
+    println!("pfbench: done");
     poweroff("pfbench: done")
 }

@@ -241,8 +241,10 @@ fn main(_args: Args) -> ! {
     }
     println!("user: hypercall from user mode: #GP error {HCALL_GP_ERROR:#x} at {hcall_rip:#x}, did not reach the host");
     println!("user: kernel #PF handler: user-mode fault, error {error:#x} (U|P) at {cr2:#x}, rip {rip:#x}: killed");
-    poweroff_fmt(format_args!(
+    let done = format_args!(
         "user: done: {syscalls} syscalls (1 write, {COUNTER_CALLS} getcounter), hypercall -> #GP error \
          {HCALL_GP_ERROR:#x}, killed by #PF error {error:#x} at {cr2:#x}"
-    ))
+    );
+    println!("{done}");
+    poweroff_fmt(done)
 }

@@ -10,6 +10,10 @@
 //!   the `irq_pending` check (delivery at the SEND_INTERRUPTS hypercall)
 //!   and without it (`noirqcheck`: delivery waits for the next exit).
 //!
+//! - page faults and address spaces (`pfbench`): a guest demand-paging
+//!   round trip from guest user mode, the host's shadow fault alone, and a
+//!   fork-like cycle (build, fill, switch, touch, tear down 64 pages).
+//!
 //! Output: one `bench: name value unit` line per figure.
 
 use std::process::Command;
@@ -60,6 +64,28 @@ fn latency(noirqcheck: bool) -> Option<u64> {
     words.next()?.parse().ok()
 }
 
+/// The `NAME=VALUE` figures of `pfbench` (page-fault round trips and a
+/// fork-like address-space cycle, in TSC cycles).
+fn pfbench() -> Option<Vec<(String, u64)>> {
+    let guests = std::env::var("LGUEST_GUESTS").unwrap_or_else(|_| "/usr/share/lguest/guests".into());
+    let out = Command::new(std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into()))
+        .args(["run", "--memory", "32M", &format!("{guests}/pfbench")])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let figures: Vec<(String, u64)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("pfbench: "))
+        .filter_map(|l| l.split_whitespace().next()?.split_once('='))
+        .filter(|(k, _)| k.ends_with("_cycles"))
+        .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+        .collect();
+    (!figures.is_empty()).then_some(figures)
+}
+
 fn main() {
     let n = 200_000;
     let getpid = getpid_cycles(n);
@@ -81,5 +107,13 @@ fn main() {
             println!("bench: irq_latency_ratio {:.1} ratio (without / with)", off as f64 / on.max(1) as f64);
         }
         _ => println!("bench: irq_latency failed"),
+    }
+    match pfbench() {
+        Some(figures) => {
+            for (name, value) in figures {
+                println!("bench: pf_{name} {value} cycles");
+            }
+        }
+        None => println!("bench: pfbench failed"),
     }
 }
