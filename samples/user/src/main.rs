@@ -20,6 +20,11 @@
 //!    protection fault, error code U|P (0x5), at that address, and kills the
 //!    program.
 //!
+//! 5. a second program spins with a pattern in 15 registers while a 50 us
+//!    timer interrupts it: each interrupt enters the kernel from user mode
+//!    and returns with `LHCALL_IRET_USER`; it exits with the number of
+//!    registers that changed (0).
+//!
 //! The kernel then checks all of it and powers off with
 //! `user: done: N syscalls (1 write, 1000 getcounter), hypercall -> #GP
 //! error 0xfa, killed by #PF error 0x5 at ADDR` or crashes with what was
@@ -34,7 +39,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use lguest_guest::abi::{LGUEST_SHUTDOWN_POWEROFF, LHCALL_SHUTDOWN};
 use lguest_guest::paging::{self, pte, AddressSpace, PageSize, PAGE_SIZE, USER_START};
 use lguest_guest::user::{self, Exit, UserRegs, HCALL_GP_ERROR, SYS_COUNTER, SYS_EXIT, SYS_WRITE};
-use lguest_guest::{crash_fmt, entry, frames, poweroff_fmt, println, Args, TrapFrame};
+use lguest_guest::{clock, crash_fmt, entry, frames, poweroff_fmt, println, Args, TrapFrame};
 
 entry!(main);
 
@@ -89,6 +94,102 @@ global_asm!(
     "    ud2",
     "5:  .ascii \"hello from user mode\\n\"",
     "6:  .asciz \"user: the hypercall from user mode reached the host\"",
+    // The second program: RDI iterations of a loop with a pattern in every
+    // other register, then exit with the number of registers that changed.
+    ".balign 16",
+    ".globl user_spin",
+    "user_spin:",
+    "    mov rax, 0x1111111111111111",
+    "    mov rbx, 0x2222222222222222",
+    "    mov rcx, 0x3333333333333333",
+    "    mov rdx, 0x4444444444444444",
+    "    mov rsi, 0x5555555555555555",
+    "    mov rbp, 0x6666666666666666",
+    "    mov r8, 0x7777777777777777",
+    "    mov r9, 0x8888888888888888",
+    "    mov r10, 0x9999999999999999",
+    "    mov r11, 0xaaaaaaaaaaaaaaaa",
+    "    mov r12, 0xbbbbbbbbbbbbbbbb",
+    "    mov r13, 0xcccccccccccccccc",
+    "    mov r14, 0xdddddddddddddddd",
+    "    mov r15, 0xeeeeeeeeeeeeeeee",
+    "7:  dec rdi",
+    "    jnz 7b",
+    "    push r8",
+    "    xor edi, edi",
+    "    mov r8, 0x1111111111111111",
+    "    cmp rax, r8",
+    "    je 8f",
+    "    inc edi",
+    "8:  pop r8",
+    "    mov rax, 0x2222222222222222",
+    "    cmp rbx, rax",
+    "    je 8f",
+    "    inc edi",
+    "8:",
+    "    mov rax, 0x3333333333333333",
+    "    cmp rcx, rax",
+    "    je 8f",
+    "    inc edi",
+    "8:",
+    "    mov rax, 0x4444444444444444",
+    "    cmp rdx, rax",
+    "    je 8f",
+    "    inc edi",
+    "8:",
+    "    mov rax, 0x5555555555555555",
+    "    cmp rsi, rax",
+    "    je 8f",
+    "    inc edi",
+    "8:",
+    "    mov rax, 0x6666666666666666",
+    "    cmp rbp, rax",
+    "    je 8f",
+    "    inc edi",
+    "8:",
+    "    mov rax, 0x7777777777777777",
+    "    cmp r8, rax",
+    "    je 8f",
+    "    inc edi",
+    "8:",
+    "    mov rax, 0x8888888888888888",
+    "    cmp r9, rax",
+    "    je 8f",
+    "    inc edi",
+    "8:",
+    "    mov rax, 0x9999999999999999",
+    "    cmp r10, rax",
+    "    je 8f",
+    "    inc edi",
+    "8:",
+    "    mov rax, 0xaaaaaaaaaaaaaaaa",
+    "    cmp r11, rax",
+    "    je 8f",
+    "    inc edi",
+    "8:",
+    "    mov rax, 0xbbbbbbbbbbbbbbbb",
+    "    cmp r12, rax",
+    "    je 8f",
+    "    inc edi",
+    "8:",
+    "    mov rax, 0xcccccccccccccccc",
+    "    cmp r13, rax",
+    "    je 8f",
+    "    inc edi",
+    "8:",
+    "    mov rax, 0xdddddddddddddddd",
+    "    cmp r14, rax",
+    "    je 8f",
+    "    inc edi",
+    "8:",
+    "    mov rax, 0xeeeeeeeeeeeeeeee",
+    "    cmp r15, rax",
+    "    je 8f",
+    "    inc edi",
+    "8:",
+    "    mov eax, {sys_exit}",
+    "    int 0x80",
+    "    ud2",
     ".balign 4096",
     ".globl user_prog_end",
     "user_prog_end:",
@@ -103,6 +204,7 @@ global_asm!(
 );
 
 extern "C" {
+    static user_spin: u8;
     static user_prog_start: u8;
     static user_prog_end: u8;
 }
@@ -156,6 +258,15 @@ fn code_at(va: u64) -> [u8; 2] {
 
 /// Bytes of the program's pages.
 static PROG_LEN: AtomicU64 = AtomicU64::new(0);
+
+/// The spinner's iterations, and the timer period while it runs.
+const SPIN_LOOPS: u64 = 20_000_000;
+const TIMER_NS: u64 = 50_000;
+
+/// The clock callback: re-arms the timer.
+fn rearm() {
+    clock::set_event(TIMER_NS);
+}
 
 fn fail(what: core::fmt::Arguments<'_>) -> ! {
     crash_fmt(format_args!("user: FAIL: {what}"))
@@ -241,6 +352,31 @@ fn main(_args: Args) -> ! {
     }
     println!("user: hypercall from user mode: #GP error {HCALL_GP_ERROR:#x} at {hcall_rip:#x}, did not reach the host");
     println!("user: kernel #PF handler: user-mode fault, error {error:#x} (U|P) at {cr2:#x}, rip {rip:#x}: killed");
+    // Interrupts in user mode: a 50 us timer while the spinner runs; each
+    // arrives on the kernel stack and returns with LHCALL_IRET_USER.
+    if let Err(e) = clock::init() {
+        fail(format_args!("clock: {e}"));
+    }
+    clock::set_callback(rearm);
+    let ticks0 = clock::ticks();
+    clock::set_event(TIMER_NS);
+    let spin = lguest_guest::virt_to_phys(addr_of!(user_spin));
+    let mut regs = UserRegs::new(USER_CODE + (spin - start), USER_STACK_TOP);
+    regs.rdi = SPIN_LOOPS;
+    let t0 = clock::now_ns();
+    let spun = user::run(&regs);
+    let spin_ms = (clock::now_ns() - t0) / 1_000_000;
+    clock::clear_callback();
+    clock::set_event(0);
+    let ticks = clock::ticks() - ticks0;
+    if spun != Exit::Exited(0) {
+        fail(format_args!("the spinner ended with {spun:x?} (Exited(n): n registers changed)"));
+    }
+    if ticks == 0 {
+        fail(format_args!("no timer interrupt in {spin_ms} ms of user mode"));
+    }
+    println!("user: {ticks} timer interrupts during {spin_ms} ms in user mode, 15 registers intact");
+
     let done = format_args!(
         "user: done: {syscalls} syscalls (1 write, {COUNTER_CALLS} getcounter), hypercall -> #GP error \
          {HCALL_GP_ERROR:#x}, killed by #PF error {error:#x} at {cr2:#x}"
