@@ -11,7 +11,7 @@
 //! (virtual = physical for RAM, which [`crate::paging`]'s kernel map keeps),
 //! and every frame handed out is zeroed.
 //!
-//! The heap (feature `alloc`, [`crate::heap`]) uses the same RAM above the
+//! The heap (feature `alloc`, `crate::heap`) uses the same RAM above the
 //! image: a guest that uses both must give the frame allocator a range the
 //! heap does not use (see [`init`]).
 //!

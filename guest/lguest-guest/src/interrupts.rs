@@ -18,8 +18,8 @@
 //! (0..63) arrives at vector `32 + n` ([`FIRST_IRQ_VECTOR`]), never while
 //! its bit in `lguest_data.blocked_interrupts` is set nor while the virtual
 //! IF is off (see [`crate::paravirt`] for what happens then). Delivery
-//! pushes, on the guest's *current* stack (the guest has no user mode, so
-//! there is no stack switch), a frame exactly like 64-bit hardware's:
+//! pushes, on the guest's *current* stack (in guest kernel mode; from
+//! guest user mode, see below), a frame exactly like 64-bit hardware's:
 //!
 //! ```text
 //!   new RSP = (old RSP & !0xF) - 40, or - 48 with an error code
@@ -79,6 +79,20 @@
 //! it, RIP is `noirq_iret` until the `iretq` has left. `iretq` from ring 3
 //! to ring 3 is legal, and the hardware IF in the frame is ignored at CPL 3.
 //! [`crate::data`] writes `noirq_iret` at boot, before `LHCALL_LGUEST_INIT`.
+//!
+//! # Frames from guest user mode
+//!
+//! What arrives while the guest runs in user mode ([`crate::user`]) comes
+//! on the kernel stack of `LHCALL_SET_STACK`, with CS
+//! [`LGUEST_USER_CS`] (0x3b, a marker, not a selector) and the user's RSP
+//! ([`TrapFrame::from_user`]). Such a frame cannot be left with `iretq`:
+//! after the handler, the return path compares the frame's CS with
+//! `LGUEST_USER_CS` and, if it is, jumps to `lguest_user_return`, which
+//! rewrites the vector, error, RIP and CS slots into an `LguestIretUser`
+//! frame (RAX, RIP, RFLAGS, RSP), pops the other 14 registers and makes
+//! `LHCALL_IRET_USER` with RSP at that frame. The kernel stack is empty
+//! again afterwards. Kernel-mode frames take the paravirt `iret` below,
+//! unchanged.
 //!
 //! # Gates
 //!

@@ -505,18 +505,7 @@ impl AddressSpace {
 
     /// The raw entry of `level` (1..4) for `va`, if the tables above exist.
     pub fn entry(&self, va: u64, level: u32) -> Option<u64> {
-        if !(1..=4).contains(&level) {
-            return None;
-        }
-        let mut table = self.root;
-        for l in (level + 1..=4).rev() {
-            let e = get(table, index(va, l));
-            if e & P == 0 || e & PS != 0 {
-                return None;
-            }
-            table = e & ADDR;
-        }
-        Some(get(table, index(va, level)))
+        self.table_of(va, level).map(|t| get(t, index(va, level)))
     }
 
     /// Writes the raw entry of `level` (1..4) for user address `va`,
