@@ -5,10 +5,10 @@
 //! either receives until EOF, checking every byte against the stream
 //! pattern the guest's `tcpblast` sends (byte `i` is `(i * 131 + 7) % 251`)
 //! and, with `--expect N`, the count; or sends `--send N` bytes of that
-//! pattern and waits for the guest to close. It prints
+//! pattern and waits until the guest acknowledged all of it. It prints
 //! `tcpsink: BYTES bytes in SECONDS s, RATE MB/s` (MB = 10^6 bytes; the
 //! time runs from the first byte to EOF when receiving, from the connection
-//! to the guest's close when sending) and exits 1 on a wrong byte, a wrong
+//! to the last acknowledgement when sending) and exits 1 on a wrong byte, a wrong
 //! count, a timeout or an I/O error.
 
 use std::io::{ErrorKind, Read, Write};
@@ -41,7 +41,8 @@ struct Cli {
     /// Receive mode: fail unless exactly N bytes arrive.
     #[arg(long, value_name = "N", conflicts_with = "send")]
     expect: Option<u64>,
-    /// Send mode: send N bytes of the pattern, then wait for EOF.
+    /// Send mode: send N bytes of the pattern, then wait until they are
+    /// acknowledged.
     #[arg(long, value_name = "N")]
     send: Option<u64>,
     /// Give up after this many seconds.
@@ -97,8 +98,23 @@ fn receive(s: &mut TcpStream, expect: Option<u64>) -> Result<(u64, f64)> {
     Ok((total, secs))
 }
 
-/// Sends `n` bytes of the pattern, then waits for EOF; returns seconds.
-fn send(s: &mut TcpStream, n: u64) -> Result<f64> {
+/// Bytes sent on `s` that the peer has not acknowledged yet (`SIOCOUTQ`;
+/// our FIN counts as one).
+fn unacked(s: &TcpStream) -> std::io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (TIOCOUTQ) writes one int to the pointer, which is a
+    // live, exclusively borrowed local for the whole call.
+    let ret = unsafe { libc::ioctl(s.as_raw_fd(), libc::TIOCOUTQ, &mut n as *mut libc::c_int) };
+    if ret < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// Sends `n` bytes of the pattern and closes the sending side; returns the
+/// seconds until the peer acknowledged everything (or closed).
+fn send(s: &mut TcpStream, n: u64, deadline: Instant) -> Result<f64> {
     let start = Instant::now();
     // A buffer that holds the stream from any offset that is a multiple
     // of the period: 4096 periods.
@@ -111,14 +127,24 @@ fn send(s: &mut TcpStream, n: u64) -> Result<f64> {
         sent += k as u64;
     }
     s.shutdown(Shutdown::Write).context("closing the sending side")?;
+    // Done when everything, FIN included, is acknowledged: the guest may
+    // power off without closing its side.
+    s.set_nonblocking(true)?;
     let mut rest = [0u8; 4096];
     loop {
         match s.read(&mut rest) {
             Ok(0) => break,
             Ok(_) => {}
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e).context("waiting for the peer to close"),
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).context("waiting for the peer's acknowledgements"),
         }
+        if unacked(s).context("SIOCOUTQ")? == 0 {
+            break;
+        }
+        if Instant::now() >= deadline {
+            bail!("timed out with {} bytes unacknowledged", unacked(s).unwrap_or(0));
+        }
+        std::thread::sleep(Duration::from_micros(200));
     }
     Ok(start.elapsed().as_secs_f64())
 }
@@ -160,7 +186,7 @@ fn run(cli: &Cli) -> Result<()> {
     s.set_read_timeout(Some(left))?;
     s.set_write_timeout(Some(left))?;
     let (bytes, secs) = match cli.send {
-        Some(n) => (n, send(&mut s, n)?),
+        Some(n) => (n, send(&mut s, n, deadline)?),
         None => receive(&mut s, cli.expect)?,
     };
     let rate = if secs > 0.0 { bytes as f64 / secs / 1e6 } else { 0.0 };
@@ -235,7 +261,7 @@ mod tests {
         let addr = l.local_addr().expect("addr");
         let t = std::thread::spawn(move || {
             let (mut s, _) = l.accept().expect("accept");
-            send(&mut s, 1_234_567)
+            send(&mut s, 1_234_567, Instant::now() + Duration::from_secs(30))
         });
         let mut s = TcpStream::connect(addr).expect("connect");
         let (n, _) = receive(&mut s, Some(1_234_567)).expect("pattern");
