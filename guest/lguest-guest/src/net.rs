@@ -19,7 +19,11 @@
 //!   `avail_event`;
 //! - keeps the device's interrupts off while the guest is busy, and arms
 //!   them only before it halts ([`VirtioNet::arm`], NAPI-like): with
-//!   `EVENT_IDX` that is one write of `used_event` per queue.
+//!   `EVENT_IDX` that is one write of `used_event` per queue;
+//! - or, after [`VirtioNet::set_irq_driven`], works as Linux's driver does:
+//!   interrupts stay armed, frames are received and transmit buffers
+//!   reclaimed only in a "NAPI poll" that the device's interrupt asked for
+//!   ([`VirtioNet::napi_poll`], [`VirtioNet::napi_complete`]).
 //!
 //! Transmit offload: with `CSUM` smoltcp leaves TCP checksums alone
 //! (`Checksum::Rx`) and the driver writes the pseudo-header sum and
@@ -258,6 +262,10 @@ pub struct TxQueue<const QS: usize> {
     /// `receive` held frames back for want of a buffer for the replies,
     /// since the last reclaim.
     rx_blocked: bool,
+    /// Whether `transmit` and `receive` may reclaim when they run out of
+    /// buffers (not in interrupt-driven mode, where only the NAPI poll
+    /// does).
+    reclaim_lazily: bool,
 }
 
 impl<const QS: usize> TxQueue<QS> {
@@ -295,7 +303,7 @@ impl<const QS: usize> TxQueue<QS> {
 
     /// Whether a buffer for any frame is free (reclaiming if none is).
     fn has_room(&mut self) -> bool {
-        if self.free.is_empty() {
+        if self.free.is_empty() && self.reclaim_lazily {
             self.reclaim();
         }
         !self.free.is_empty()
@@ -303,17 +311,21 @@ impl<const QS: usize> TxQueue<QS> {
 
     /// Whether any buffer is free (reclaiming if none is).
     fn has_any_room(&mut self) -> bool {
-        if self.free.is_empty() && self.free_small.is_empty() {
+        if self.free.is_empty() && self.free_small.is_empty() && self.reclaim_lazily {
             self.reclaim();
         }
         !self.free.is_empty() || !self.free_small.is_empty()
     }
 
     /// A free buffer for `len` bytes (header included): a small one if
-    /// that will do, else a big one; reclaims once if there is none.
+    /// that will do, else a big one; reclaims once if there is none (and
+    /// reclaiming here is allowed).
     fn take(&mut self, len: usize) -> Option<Box<[u8]>> {
         for round in 0..2 {
             if round == 1 {
+                if !self.reclaim_lazily {
+                    break;
+                }
                 self.reclaim();
             }
             if let Some(i) = self.free_small.iter().rposition(|b| b.len() >= len) {
@@ -381,6 +393,17 @@ pub struct VirtioNet<const QS: usize = 256> {
     tx: TxQueue<QS>,
     features: u64,
     mac: [u8; 6],
+    /// Interrupt-driven mode ([`VirtioNet::set_irq_driven`]).
+    irq_driven: bool,
+    /// In interrupt-driven mode: a NAPI poll is under way, `receive` may
+    /// take frames.
+    napi_rx: bool,
+    /// In interrupt-driven mode: re-arming found work already there (the
+    /// device may have passed the new `used_event` without interrupting).
+    napi_due: bool,
+    /// In interrupt-driven mode: the transmit interrupt is armed for the
+    /// buffers in flight.
+    tx_armed: bool,
 }
 
 impl<const QS: usize> VirtioNet<QS> {
@@ -445,6 +468,7 @@ impl<const QS: usize> VirtioNet<QS> {
             stats: NetStats::default(),
             blocked: false,
             rx_blocked: false,
+            reclaim_lazily: true,
         };
         for _ in 0..QS {
             rx.refill(vec![0u8; RX_BUF].into_boxed_slice());
@@ -457,7 +481,17 @@ impl<const QS: usize> VirtioNet<QS> {
         tx.ring.started = true;
         rx.ring.kicker.kick();
         rx.ring.announced = rx.ring.added;
-        Ok(Self { transport, rx, tx, features, mac })
+        Ok(Self {
+            transport,
+            rx,
+            tx,
+            features,
+            mac,
+            irq_driven: false,
+            napi_rx: false,
+            napi_due: false,
+            tx_armed: false,
+        })
     }
 
     /// The MAC address (zero if the device has none).
@@ -507,6 +541,89 @@ impl<const QS: usize> VirtioNet<QS> {
     pub fn flush(&mut self) {
         self.rx.ring.flush();
         self.tx.ring.flush();
+        if self.irq_driven && !self.tx_armed {
+            self.arm_tx();
+        }
+    }
+
+    /// Switches to interrupt-driven operation, as a Linux guest's driver
+    /// works (`on`), or back to the default (interrupts armed only by
+    /// [`VirtioNet::arm`] before a halt). Interrupt-driven:
+    ///
+    /// - the receive interrupt stays armed, and the transmit interrupt is
+    ///   armed whenever buffers are in flight (for half of them);
+    /// - `receive` hands out frames only during a NAPI poll, between
+    ///   [`VirtioNet::napi_poll`] and [`VirtioNet::napi_complete`], and
+    ///   `transmit` never reclaims: only `napi_poll` does;
+    /// - the caller runs a NAPI poll when the device's interrupt came
+    ///   (`bus::interrupts_taken` moved) or [`VirtioNet::napi_due`] says so.
+    ///
+    /// Every call that touches the rings (this one, `napi_*`, `flush`, and
+    /// `Interface::poll`) is meant to be made with interrupts off, as
+    /// Linux's `spin_lock_irqsave` would have them.
+    pub fn set_irq_driven(&mut self, on: bool) {
+        self.irq_driven = on;
+        self.tx.reclaim_lazily = !on;
+        self.napi_rx = false;
+        self.napi_due = false;
+        self.tx_armed = false;
+        if on {
+            self.napi_complete();
+        } else {
+            self.rx.ring.disarm();
+            self.tx.ring.disarm();
+        }
+    }
+
+    /// Whether the driver is interrupt-driven.
+    pub fn irq_driven(&self) -> bool {
+        self.irq_driven
+    }
+
+    /// Interrupt-driven: whether a NAPI poll is due although no interrupt
+    /// came (re-arming found used buffers the device may not signal).
+    pub fn napi_due(&self) -> bool {
+        self.napi_due
+    }
+
+    /// Interrupt-driven: starts a NAPI poll: takes back the transmit
+    /// buffers the device is done with and lets `receive` hand out frames
+    /// until [`VirtioNet::napi_complete`].
+    pub fn napi_poll(&mut self) {
+        self.napi_due = false;
+        self.tx.reclaim();
+        self.tx_armed = false;
+        self.napi_rx = true;
+    }
+
+    /// Interrupt-driven: ends a NAPI poll: `receive` stops, and the
+    /// interrupts are armed again (a received frame; half of the transmit
+    /// buffers in flight coming back). Returns whether work is there
+    /// already, as `virtqueue_enable_cb` does; [`VirtioNet::napi_due`]
+    /// says so too until the next poll.
+    pub fn napi_complete(&mut self) -> bool {
+        self.napi_rx = false;
+        self.rx.ring.arm(1);
+        let rx_work = self.rx.ring.pending() != 0 && !self.tx.rx_blocked;
+        let tx_work = self.arm_tx();
+        self.napi_due |= rx_work || tx_work;
+        self.napi_due
+    }
+
+    /// Interrupt-driven: arms the transmit interrupt for half of the
+    /// buffers in flight, if any; returns whether the device used that
+    /// many already (it may not interrupt for them then).
+    fn arm_tx(&mut self) -> bool {
+        let inflight = self.tx.ring.added.wrapping_sub(self.tx.ring.popped);
+        if inflight == 0 {
+            return false;
+        }
+        let count = (inflight / 2).max(1);
+        self.tx.ring.arm(count);
+        self.tx_armed = true;
+        let work = self.tx.ring.pending() >= count;
+        self.napi_due |= work;
+        work
     }
 
     /// Whether `transmit` (or `receive`, which needs room for a reply) ran
@@ -606,7 +723,7 @@ impl<const QS: usize> phy::Device for VirtioNet<QS> {
     type TxToken<'a> = NetTxToken<'a, QS>;
 
     fn receive(&mut self, _timestamp: Instant) -> Option<(Self::RxToken<'_>, Self::TxToken<'_>)> {
-        if !self.rx.rx_pending_quick() {
+        if (self.irq_driven && !self.napi_rx) || !self.rx.rx_pending_quick() {
             return None;
         }
         // A frame may need a reply (an ACK): hold frames back rather than

@@ -9,6 +9,7 @@
 //! ip=192.168.2.2/24 ping=SECONDS                           only answer pings for that long
 //! timeout=SECONDS                                          give up after that long (default 300)
 //! notso, nocsum                                            leave out TSO, or all checksum offloads
+//! irqdriven [spin=US]                                      work as a Linux guest does (see below)
 //! ```
 //!
 //! The stream carries the pattern byte `i` = `(i * 131 + 7) % 251` (the
@@ -24,6 +25,23 @@
 //! buffers to the device; then, with interrupts off, arm the device's
 //! interrupts and the timer for smoltcp's next deadline and halt, unless
 //! there is work already. The guest spins only while there is work.
+//!
+//! With `irqdriven` the guest works as a Linux guest kernel does instead,
+//! which is what the `irq_pending` check (and `noirqcheck`) is about:
+//!
+//! - the device's interrupts stay armed; its handler only counts (the
+//!   "work" flag), and received frames are processed and transmit buffers
+//!   reclaimed only in a NAPI poll run after such an interrupt, never by
+//!   looking at the rings otherwise;
+//! - every ring manipulation and kick (`Interface::poll`, which receives
+//!   and transmits, the flush, the NAPI poll) runs with virtual interrupts
+//!   off, as under Linux's `spin_lock_irqsave`; interrupts that arrive then
+//!   are held back until interrupts come on again;
+//! - when there is nothing it can do (blocked on the transmit ring or the
+//!   TCP window, or waiting for data), the guest spins with interrupts on,
+//!   watching the work flag and smoltcp's next deadline, for up to
+//!   `spin=US` microseconds (default 50000, far more than a round trip, so
+//!   it does not halt during a transfer) before it halts.
 #![no_std]
 #![no_main]
 
@@ -67,6 +85,10 @@ struct Opts {
     timeout_s: u64,
     /// Offloads to leave out (`notso`, `nocsum`).
     no_features: u64,
+    /// `irqdriven`: Linux-like interrupt-driven operation.
+    irq_driven: bool,
+    /// `spin=US`: how long an interrupt-driven guest spins before halting.
+    spin_ns: u64,
 }
 
 fn bad(what: &str, v: &str) -> ! {
@@ -91,6 +113,8 @@ fn parse(args: &Args) -> Opts {
     let mut mode = None;
     let mut timeout_s = 300;
     let mut no_features = 0;
+    let mut irq_driven = false;
+    let mut spin_ns = 50_000_000;
     for w in args {
         let (k, v) = w.split_once('=').unwrap_or((w, ""));
         let num = |v: &str| v.parse::<u64>().unwrap_or_else(|_| bad(k, v));
@@ -113,6 +137,8 @@ fn parse(args: &Args) -> Opts {
             "timeout" => timeout_s = num(v),
             "notso" => no_features |= net_features::HOST_TSO4,
             "nocsum" => no_features |= net_features::CSUM | net_features::GUEST_CSUM | net_features::HOST_TSO4,
+            "irqdriven" => irq_driven = true,
+            "spin" => spin_ns = num(v).saturating_mul(1000),
             _ => bad("word", w),
         }
     }
@@ -121,7 +147,24 @@ fn parse(args: &Args) -> Opts {
     if !matches!(mode, Mode::Ping(_)) && peer.is_none() && listen.is_none() {
         bad("command line (send and recv need peer= or listen=)", args.as_str());
     }
-    Opts { ip, prefix, peer, listen, mode, timeout_s, no_features }
+    Opts { ip, prefix, peer, listen, mode, timeout_s, no_features, irq_driven, spin_ns }
+}
+
+/// `spin_lock_irqsave`'s half: interrupts off, returning the old flag for
+/// [`paravirt::restore_fl`].
+fn irq_save() -> u64 {
+    let flags = paravirt::save_fl();
+    paravirt::irq_disable();
+    flags
+}
+
+/// [`paravirt::restore_fl`], counting in `held` the times an interrupt
+/// came while interrupts were off (the host set `irq_pending`).
+fn irq_restore(flags: u64, held: &mut u64) {
+    if flags != 0 && lguest_guest::data::irq_pending() != 0 {
+        *held += 1;
+    }
+    paravirt::restore_fl(flags);
 }
 
 fn now() -> Instant {
@@ -206,9 +249,42 @@ fn main(args: Args) -> ! {
     // every half second, as the host's tcpsink retries its connect.
     let (mut refused, mut retry_at) = (0u64, None::<u64>);
     let (mut halts, mut polls) = (0u64, 0u64);
+    // Interrupt-driven mode: the device's interrupts seen so far, NAPI
+    // polls run, and waits that spun (and how many of those ended by an
+    // interrupt, not by smoltcp's deadline).
+    let slot = net.transport().info().index;
+    let mut irqs_seen = bus::interrupts_taken(slot);
+    let (mut napis, mut spins, mut spin_wakes) = (0u64, 0u64, 0u64);
+    // Interrupt-driven mode: critical sections an interrupt came in, and
+    // (without the `irq_pending` check) waits that began with one held
+    // back, and how long those took to end.
+    let (mut held, mut held_waits, mut held_wait_ns) = (0u64, 0u64, 0u64);
+    if o.irq_driven {
+        let f = irq_save();
+        net.set_irq_driven(true);
+        paravirt::restore_fl(f);
+        println!("tcpblast: interrupt-driven, spinning up to {} us before halting", o.spin_ns / 1000);
+    }
 
     loop {
-        iface.poll(now(), &mut net, &mut sockets);
+        if o.irq_driven {
+            // The work flag: an interrupt came, or re-arming found work.
+            let n = bus::interrupts_taken(slot);
+            let napi = n != irqs_seen || net.napi_due();
+            irqs_seen = n;
+            let f = irq_save();
+            if napi {
+                net.napi_poll();
+                napis += 1;
+            }
+            iface.poll(now(), &mut net, &mut sockets);
+            if napi {
+                net.napi_complete();
+            }
+            irq_restore(f, &mut held);
+        } else {
+            iface.poll(now(), &mut net, &mut sockets);
+        }
         polls += 1;
         let t = clock::now_ns();
         if t >= ping_end {
@@ -332,21 +408,68 @@ fn main(args: Args) -> ! {
         if was_connected && !s.is_active() && !closing {
             crash_fmt(format_args!("tcpblast: connection reset after {moved} bytes"));
         }
-        if did {
-            iface.poll(now(), &mut net, &mut sockets);
+        if o.irq_driven {
+            let f = irq_save();
+            if did {
+                iface.poll(now(), &mut net, &mut sockets);
+            }
+            net.flush();
+            irq_restore(f, &mut held);
+        } else {
+            if did {
+                iface.poll(now(), &mut net, &mut sockets);
+            }
+            net.flush();
         }
-        net.flush();
 
         // Wait for the next thing to do.
         let delay = iface.poll_delay(now(), &sockets);
         if delay == Some(Duration::ZERO) && !net.tx_blocked() {
             continue;
         }
-        paravirt::irq_disable();
-        if net.arm() {
-            net.disarm();
-            paravirt::irq_enable();
-            continue;
+        if o.irq_driven {
+            // A busy kernel: spin with interrupts on until the work flag
+            // moves or smoltcp's deadline comes; halt only after the spin
+            // budget.
+            let work = |net: &VirtioNet<256>| bus::interrupts_taken(slot) != irqs_seen || net.napi_due();
+            let t0 = clock::now_ns();
+            let until = match delay {
+                Some(d) if d > Duration::ZERO => t0.saturating_add(d.total_micros().saturating_mul(1000)),
+                // Blocked on the ring with nothing else due: only the
+                // interrupt ends the wait.
+                _ => u64::MAX,
+            };
+            let spin_end = t0.saturating_add(o.spin_ns);
+            spins += 1;
+            let was_held = lguest_guest::data::irq_pending() != 0;
+            let mut t = t0;
+            while !work(&net) && t < until && t < spin_end && t < deadline && t < ping_end {
+                core::hint::spin_loop();
+                t = clock::now_ns();
+            }
+            if was_held {
+                held_waits += 1;
+                held_wait_ns += t - t0;
+            }
+            if work(&net) {
+                spin_wakes += 1;
+                continue;
+            }
+            if t < spin_end {
+                continue;
+            }
+            paravirt::irq_disable();
+            if work(&net) {
+                paravirt::irq_enable();
+                continue;
+            }
+        } else {
+            paravirt::irq_disable();
+            if net.arm() {
+                net.disarm();
+                paravirt::irq_enable();
+                continue;
+            }
         }
         let mut ns = delay.map_or(1_000_000_000, |d| d.total_micros().saturating_mul(1000));
         if net.tx_blocked() || ns == 0 {
@@ -364,11 +487,12 @@ fn main(args: Args) -> ! {
         clock::set_event(ns);
         paravirt::halt();
         halts += 1;
-        net.disarm();
+        if !o.irq_driven {
+            net.disarm();
+        }
     }
 
     let st = net.stats();
-    let slot = net.transport().info().index;
     let tx_kicks = bus::kicks(slot);
     let irqs = bus::interrupts_taken(slot);
     match o.mode {
@@ -393,5 +517,15 @@ fn main(args: Args) -> ! {
         "tcpblast: interrupts {irqs} (net), timer {}, kicks {tx_kicks}, halts {halts}, polls {polls}",
         clock::ticks()
     );
+    if o.irq_driven {
+        println!(
+            "tcpblast: interrupt-driven: napi polls {napis}, spin waits {spins} ({spin_wakes} ended by an interrupt), irq_pending check {}",
+            if paravirt::irq_check() { "on" } else { "off" }
+        );
+        println!(
+            "tcpblast: interrupt-driven: interrupts held back in {held} critical sections; {held_waits} waits began with one held back, {} us in those",
+            held_wait_ns / 1000
+        );
+    }
     poweroff("tcpblast: done")
 }
