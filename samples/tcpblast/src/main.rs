@@ -250,11 +250,11 @@ fn main(args: Args) -> ! {
     let (mut refused, mut retry_at) = (0u64, None::<u64>);
     let (mut halts, mut polls) = (0u64, 0u64);
     // Interrupt-driven mode: the device's interrupts seen so far, NAPI
-    // polls run, and waits that spun (and how many of those ended by an
-    // interrupt, not by smoltcp's deadline).
+    // polls run, and waits that spun (how many of those ended by an
+    // interrupt, not by smoltcp's deadline, and the time they took).
     let slot = net.transport().info().index;
     let mut irqs_seen = bus::interrupts_taken(slot);
-    let (mut napis, mut spins, mut spin_wakes) = (0u64, 0u64, 0u64);
+    let (mut napis, mut spins, mut spin_wakes, mut spin_ns) = (0u64, 0u64, 0u64, 0u64);
     // Interrupt-driven mode: critical sections an interrupt came in, and
     // (without the `irq_pending` check) waits that began with one held
     // back, and how long those took to end.
@@ -447,6 +447,7 @@ fn main(args: Args) -> ! {
                 core::hint::spin_loop();
                 t = clock::now_ns();
             }
+            spin_ns += t - t0;
             if was_held {
                 held_waits += 1;
                 held_wait_ns += t - t0;
@@ -519,7 +520,8 @@ fn main(args: Args) -> ! {
     );
     if o.irq_driven {
         println!(
-            "tcpblast: interrupt-driven: napi polls {napis}, spin waits {spins} ({spin_wakes} ended by an interrupt), irq_pending check {}",
+            "tcpblast: interrupt-driven: napi polls {napis}, spin waits {spins} ({spin_wakes} ended by an interrupt, {} us in all), irq_pending check {}",
+            spin_ns / 1000,
             if paravirt::irq_check() { "on" } else { "off" }
         );
         println!(
