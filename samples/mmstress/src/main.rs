@@ -43,6 +43,9 @@ entry!(main);
 
 const SPACES: usize = 3;
 const SMALL_SLOTS: usize = 96;
+/// The hot small slots: 8 around the page-table boundary.
+const HOT_BASE: usize = SMALL_SLOTS / 2 - 4;
+const HOT_SLOTS: usize = 8;
 const LARGE_SLOTS: usize = 4;
 const SMALL_FRAMES: usize = 48;
 const LARGE_FRAMES: usize = 3;
@@ -206,9 +209,17 @@ impl Stress {
     }
 
     /// Picks a slot: (large?, index).
-    fn slot(&mut self) -> (bool, usize) {
-        if self.rng.chance(200) {
+    ///
+    /// Large pages are picked 1 time in 20 for an update (each large
+    /// update is a `SET_PMD`, which drops every shadow and so hides stale
+    /// ones) and 1 in 5 for an access; 2 picks in 3 go to 8 hot small
+    /// slots, so that the host has shadows (current and cached) that a
+    /// missed report would leave stale.
+    fn slot(&mut self, update: bool) -> (bool, usize) {
+        if self.rng.chance(if update { 50 } else { 200 }) {
             (true, self.rng.below(LARGE_SLOTS as u64) as usize)
+        } else if self.rng.chance(667) {
+            (false, HOT_BASE + self.rng.below(HOT_SLOTS as u64) as usize)
         } else {
             (false, self.rng.below(SMALL_SLOTS as u64) as usize)
         }
@@ -225,7 +236,7 @@ impl Stress {
     /// One map, unmap or protect in a random space.
     fn update(&mut self) {
         let s = self.rng.below(SPACES as u64) as usize;
-        let (large, i) = self.slot();
+        let (large, i) = self.slot(true);
         let va = Self::slot_va(large, i);
         let size = if large { PageSize::Large } else { PageSize::Small };
         let cur = if large { self.spaces[s].large[i] } else { self.spaces[s].small[i] };
@@ -268,8 +279,14 @@ impl Stress {
 
     /// One access in the active space, checked against the model.
     fn access(&mut self) {
-        let (large, i) = self.slot();
-        let sub = if large { self.rng.below(512) } else { 0 };
+        let (large, i) = self.slot(false);
+        // Large pages: three hot 4 KiB pages of the 512 most of the time,
+        // so their shadow entries get reused.
+        let sub = match (large, self.rng.below(4)) {
+            (false, _) => 0,
+            (true, 0) => self.rng.below(512),
+            (true, k) => [0, 1, 511][k as usize - 1],
+        };
         let w = self.rng.below(WORDS_PER_PAGE as u64) as usize;
         let va = Self::slot_va(large, i) + sub * PAGE_SIZE + OFFSETS[w];
         let write = self.rng.chance(400);
@@ -357,7 +374,7 @@ impl Stress {
     fn step(&mut self) {
         match self.rng.below(1000) {
             0..=349 => self.update(),
-            350..=399 => {
+            350..=389 => {
                 self.stats.batches += 1;
                 paging::begin_batch();
                 for _ in 0..1 + self.rng.below(8) {
@@ -365,12 +382,12 @@ impl Stress {
                 }
                 paging::end_batch();
             }
-            400..=429 => {
-                self.active = self.rng.below(SPACES as u64) as usize;
+            390..=429 => {
+                self.active = (self.active + 1 + self.rng.below(SPACES as u64 - 1) as usize) % SPACES;
                 self.spaces[self.active].space.activate();
                 self.stats.switches += 1;
             }
-            430..=444 => {
+            430..=434 => {
                 if self.rng.chance(500) {
                     paging::flush_all();
                 } else {
@@ -378,7 +395,7 @@ impl Stress {
                 }
                 self.stats.flushes += 1;
             }
-            445..=449 => {
+            435..=436 => {
                 // The new space takes frames first; the old one's root and
                 // tables go back to the pool and are reused by the next
                 // recreate (the allocator is LIFO), so the host must not
