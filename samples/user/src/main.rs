@@ -25,6 +25,10 @@
 //!    and returns with `LHCALL_IRET_USER`; it exits with the number of
 //!    registers that changed (0).
 //!
+//! 6. seven one-instruction programs (`hlt`, `cli`, a non-canonical read,
+//!    `int3`, `ud2`, a division by zero, a jump to kernel code) must each
+//!    be killed with the vector, error code and RIP of x86 hardware.
+//!
 //! The kernel then checks all of it and powers off with
 //! `user: done: N syscalls (1 write, 1000 getcounter), hypercall -> #GP
 //! error 0xfa, killed by #PF error 0x5 at ADDR` or crashes with what was
@@ -94,6 +98,35 @@ global_asm!(
     "    ud2",
     "5:  .ascii \"hello from user mode\\n\"",
     "6:  .asciz \"user: the hypercall from user mode reached the host\"",
+    // Single faulting instructions, for the exception table.
+    ".balign 16",
+    ".globl user_exc_hlt",
+    "user_exc_hlt: hlt",
+    "    ud2",
+    ".balign 16",
+    ".globl user_exc_cli",
+    "user_exc_cli: cli",
+    "    ud2",
+    ".balign 16",
+    ".globl user_exc_noncanon",
+    "user_exc_noncanon: mov rax, 0x8000000000000000",
+    "    mov rax, qword ptr [rax]",
+    "    ud2",
+    ".balign 16",
+    ".globl user_exc_int3",
+    "user_exc_int3: int3",
+    "    ud2",
+    ".balign 16",
+    ".globl user_exc_ud2",
+    "user_exc_ud2: ud2",
+    ".balign 16",
+    ".globl user_exc_div",
+    "user_exc_div: xor ecx, ecx",
+    "    div rcx",
+    "    ud2",
+    ".balign 16",
+    ".globl user_exc_exec_kernel",
+    "user_exc_exec_kernel: jmp rdi",
     // The second program: RDI iterations of a loop with a pattern in every
     // other register, then exit with the number of registers that changed.
     ".balign 16",
@@ -204,6 +237,13 @@ global_asm!(
 );
 
 extern "C" {
+    static user_exc_hlt: u8;
+    static user_exc_cli: u8;
+    static user_exc_noncanon: u8;
+    static user_exc_int3: u8;
+    static user_exc_ud2: u8;
+    static user_exc_div: u8;
+    static user_exc_exec_kernel: u8;
     static user_spin: u8;
     static user_prog_start: u8;
     static user_prog_end: u8;
@@ -376,6 +416,35 @@ fn main(_args: Args) -> ! {
         fail(format_args!("no timer interrupt in {spin_ms} ms of user mode"));
     }
     println!("user: {ticks} timer interrupts during {spin_ms} ms in user mode, 15 registers intact");
+
+    // Exceptions in user mode: each kills the program with the vector,
+    // error code and RIP hardware would give (RIP at the instruction for
+    // faults, after it for the int3 trap).
+    user::set_fault_hook(None);
+    let kernel_fn = crate::main as fn(Args) -> ! as usize as u64;
+    let cases: [(&str, u64, u64, u64, u64, u64); 7] = [
+        ("hlt", addr_of!(user_exc_hlt) as u64, 0, 13, 0, 0),
+        ("cli", addr_of!(user_exc_cli) as u64, 0, 13, 0, 0),
+        ("non-canonical read", addr_of!(user_exc_noncanon) as u64, 0, 13, 0, 10),
+        ("int3", addr_of!(user_exc_int3) as u64, 0, 3, 0, 1),
+        ("ud2", addr_of!(user_exc_ud2) as u64, 0, 6, 0, 0),
+        ("div by 0", addr_of!(user_exc_div) as u64, 0, 0, 0, 2),
+        ("jump to kernel code", addr_of!(user_exc_exec_kernel) as u64, kernel_fn, 14, 0x15, u64::MAX),
+    ];
+    for (name, at, rdi, vector, error, rip_off) in cases {
+        let va = USER_CODE + (lguest_guest::virt_to_phys(at as *const u8) - start);
+        let mut regs = UserRegs::new(va, USER_STACK_TOP);
+        regs.rdi = rdi;
+        let got = user::run(&regs);
+        let want_rip = if rip_off == u64::MAX { rdi } else { va + rip_off };
+        let ok = matches!(got, Exit::Killed { vector: v, error: e, rip, .. } if v == vector && e == error && rip == want_rip);
+        if !ok {
+            fail(format_args!(
+                "{name} in user mode: {got:x?}, expected vector {vector} error {error:#x} at rip {want_rip:#x}"
+            ));
+        }
+    }
+    println!("user: {} exceptions in user mode (hlt, cli, non-canonical, int3, ud2, #DE, fetch of kernel code) as hardware reports them", cases.len());
 
     let done = format_args!(
         "user: done: {syscalls} syscalls (1 write, {COUNTER_CALLS} getcounter), hypercall -> #GP error \
