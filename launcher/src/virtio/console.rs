@@ -21,6 +21,8 @@ const TX: usize = 1;
 
 /// The most bytes read from the host per receive buffer.
 const INPUT_CHUNK: usize = 4096;
+/// Bytes of output copied per step.
+const OUTPUT_CHUNK: usize = 16 * 1024;
 
 /// The console device.
 pub struct Console {
@@ -53,15 +55,26 @@ impl Console {
                 if !chain.writable.is_empty() {
                     return Err(DeviceError::Request { queue: TX, why: "a device-writable buffer in output".into() });
                 }
-                let data = chain.reader().read_to_vec(qs.mem(), usize::MAX);
-                if !self.output_broken {
-                    if let Err(e) = self.output.write_all(&data).and_then(|()| self.output.flush()) {
-                        log::warn!("console output: {e}; further output is dropped");
-                        self.output_broken = true;
+                // In bounded pieces: a chain may be up to 4 GiB long.
+                let mut reader = chain.reader();
+                let mut buf = [0u8; OUTPUT_CHUNK];
+                loop {
+                    let n = reader.read(qs.mem(), &mut buf);
+                    if n == 0 {
+                        break;
+                    }
+                    if !self.output_broken {
+                        if let Err(e) = self.output.write_all(&buf[..n]) {
+                            log::warn!("console output: {e}; further output is dropped");
+                            self.output_broken = true;
+                        }
                     }
                 }
+                if !self.output_broken {
+                    let _ = self.output.flush();
+                }
                 qs.add_used(TX, chain.head, 0)?;
-                qs.stats().queues[TX].count(data.len() as u64);
+                qs.stats().queues[TX].count(chain.readable_len());
             }
             if !qs.enable_notification(TX)? {
                 break;
