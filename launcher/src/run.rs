@@ -191,7 +191,10 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
     let result = std::thread::scope(|scope| {
         for index in 0..bus.len() {
             let bus = &bus;
-            scope.spawn(move || bus.run_device(index));
+            scope.spawn(move || {
+                signals::block_in_this_thread();
+                bus.run_device(index);
+            });
         }
         if let Some((ms, irq)) = opts.irq_every {
             let (lg, stop) = (&lg, &stop);

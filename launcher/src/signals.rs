@@ -7,7 +7,9 @@
 //! caught by `immediate_exit`, which the host checks at the start of RUN. So
 //! no signal is masked around RUN and none can be lost. When RUN returns
 //! `EINTR` the run loop asks [`interrupted`]: if set, it stops; if not (some
-//! other signal), it runs again.
+//! other signal), it runs again. Device threads block both signals
+//! ([`block_in_this_thread`]), so the kernel always gives them to the vCPU
+//! thread, whose RUN they must interrupt.
 //!
 //! The handler reaches the run page through a global pointer, which
 //! [`install`] sets and the returned [`SignalGuard`] clears when dropped; the
@@ -67,6 +69,27 @@ extern "C" fn on_signal(_signal: libc::c_int) {
 /// Whether SIGINT or SIGTERM arrived since the process started.
 pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// Blocks SIGINT and SIGTERM in the calling thread, so that the kernel
+/// hands them to the vCPU thread, whose RUN they must interrupt. Device
+/// threads call it first thing.
+pub fn block_in_this_thread() {
+    // SAFETY: sigset_t is a plain C type for which all-zero bytes are valid;
+    // sigemptyset then initialises it properly.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, writable sigset_t for each call, and
+    // pthread_sigmask only reads it (the old mask is not asked for).
+    let ret = unsafe {
+        libc::sigemptyset(&mut set);
+        for signal in SIGNALS {
+            libc::sigaddset(&mut set, signal);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, ptr::null_mut())
+    };
+    if ret != 0 {
+        log::warn!("cannot block SIGINT and SIGTERM in a device thread: {}", io::Error::from_raw_os_error(ret));
+    }
 }
 
 /// The handlers are installed while this lives; dropping it restores the
