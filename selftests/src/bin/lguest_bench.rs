@@ -86,6 +86,68 @@ fn pfbench() -> Option<Vec<(String, u64)>> {
     (!figures.is_empty()).then_some(figures)
 }
 
+/// The host's own demand-zero page fault: TSC cycles per first touch of
+/// `pages` fresh anonymous pages (what `pf_fault_roundtrip` is for the
+/// guest).
+fn host_fault_cycles(pages: usize) -> Option<u64> {
+    let len = pages * 4096;
+    // SAFETY: a fresh private anonymous mapping; unmapped below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    let start = rdtsc();
+    for i in 0..pages {
+        // SAFETY: inside the mapping just made.
+        unsafe { (p as *mut u8).add(i * 4096).write_volatile(1) };
+    }
+    let cycles = (rdtsc() - start) / pages as u64;
+    // SAFETY: the mapping made above.
+    unsafe { libc::munmap(p, len) };
+    Some(cycles)
+}
+
+/// The host's fork-like cycle: fork a child that writes to `pages` pages
+/// of the parent's (copy-on-write faults) and exits; the parent waits.
+/// TSC cycles per iteration (what `pf_fork` is for the guest).
+fn host_fork_cycles(pages: usize, iterations: u64) -> Option<u64> {
+    let mut buf = vec![0u8; pages * 4096];
+    for i in 0..pages {
+        buf[i * 4096] = 1;
+    }
+    let start = rdtsc();
+    for _ in 0..iterations {
+        // SAFETY: fork(2); the child only writes to its copy of `buf` and
+        // calls _exit(2), both async-signal-safe.
+        match unsafe { libc::fork() } {
+            -1 => return None,
+            0 => {
+                for i in 0..pages {
+                    // SAFETY: inside the child's copy of `buf`.
+                    unsafe { buf.as_mut_ptr().add(i * 4096).write_volatile(2) };
+                }
+                // SAFETY: ends the child without running the parent's exit code.
+                unsafe { libc::_exit(0) };
+            }
+            pid => {
+                let mut status = 0;
+                // SAFETY: waits for our own child.
+                unsafe { libc::waitpid(pid, &mut status, 0) };
+            }
+        }
+    }
+    Some((rdtsc() - start) / iterations)
+}
+
 fn main() {
     let n = 200_000;
     let getpid = getpid_cycles(n);
@@ -108,10 +170,28 @@ fn main() {
         }
         _ => println!("bench: irq_latency failed"),
     }
+    let host_fault = host_fault_cycles(512);
+    let host_fork = host_fork_cycles(64, 100);
+    if let Some(c) = host_fault {
+        println!("bench: host_fault_cycles {c} cycles (first touch of a fresh anonymous page)");
+    }
+    if let Some(c) = host_fork {
+        println!("bench: host_fork_cycles {c} cycles (fork, 64 copy-on-write pages written, exit, wait)");
+    }
     match pfbench() {
         Some(figures) => {
-            for (name, value) in figures {
+            for (name, value) in &figures {
                 println!("bench: pf_{name} {value} cycles");
+            }
+            let get = |n: &str| figures.iter().find(|(k, _)| k == n).map(|(_, v)| *v as f64);
+            if let (Some(g), Some(h)) = (get("fault_roundtrip_cycles"), host_fault) {
+                println!(
+                    "bench: pf_fault_vs_host {:.1} ratio (guest demand paging / host demand-zero fault)",
+                    g / h as f64
+                );
+            }
+            if let (Some(g), Some(h)) = (get("fork_cycles"), host_fork) {
+                println!("bench: pf_fork_vs_host {:.2} ratio (guest address-space cycle / host fork)", g / h as f64);
             }
         }
         None => println!("bench: pfbench failed"),
