@@ -174,8 +174,8 @@ impl LguestBus {
     /// address its kicks notify.
     pub const fn vq_addr(&self, index: usize, queue: usize) -> u64 {
         self.desc_addr(index)
-            + (core::mem::offset_of!(LguestDeviceDesc, queues) + queue * core::mem::size_of::<LguestVqConfig>())
-                as u64
+            + (core::mem::offset_of!(LguestDeviceDesc, queues)
+                + queue * core::mem::size_of::<LguestVqConfig>()) as u64
     }
 
     /// What a notification of `addr` means on this bus, if anything.
@@ -194,8 +194,14 @@ impl LguestBus {
         }
         let q0 = core::mem::offset_of!(LguestDeviceDesc, queues);
         let qsize = core::mem::size_of::<LguestVqConfig>();
-        if within >= q0 && within < q0 + qsize * LGUEST_BUS_MAX_QUEUES && (within - q0).is_multiple_of(qsize) {
-            return Some(BusNotify::Queue { index, queue: (within - q0) / qsize });
+        if within >= q0
+            && within < q0 + qsize * LGUEST_BUS_MAX_QUEUES
+            && (within - q0).is_multiple_of(qsize)
+        {
+            return Some(BusNotify::Queue {
+                index,
+                queue: (within - q0) / qsize,
+            });
         }
         None
     }
@@ -236,9 +242,15 @@ mod tests {
     fn addresses_decode_back() {
         let bus = LguestBus::new(64 << 20);
         for index in 0..LGUEST_BUS_MAX_DEVICES {
-            assert_eq!(bus.decode(bus.desc_addr(index)), Some(BusNotify::Status { index }));
+            assert_eq!(
+                bus.decode(bus.desc_addr(index)),
+                Some(BusNotify::Status { index })
+            );
             for queue in 0..LGUEST_BUS_MAX_QUEUES {
-                assert_eq!(bus.decode(bus.vq_addr(index, queue)), Some(BusNotify::Queue { index, queue }));
+                assert_eq!(
+                    bus.decode(bus.vq_addr(index, queue)),
+                    Some(BusNotify::Queue { index, queue })
+                );
             }
         }
         assert_eq!(bus.decode(bus.base - 1), None);

@@ -28,7 +28,10 @@ fn rust_side() -> BTreeMap<&'static str, u64> {
         ("LGUEST_IRQFD_DEASSIGN", abi::LGUEST_IRQFD_DEASSIGN as u64),
         ("LGUEST_MAX_IRQFDS", abi::LGUEST_MAX_IRQFDS as u64),
         ("LGUEST_IOEVENTFD", abi::LGUEST_IOEVENTFD as u64),
-        ("LGUEST_IOEVENTFD_DEASSIGN", abi::LGUEST_IOEVENTFD_DEASSIGN as u64),
+        (
+            "LGUEST_IOEVENTFD_DEASSIGN",
+            abi::LGUEST_IOEVENTFD_DEASSIGN as u64,
+        ),
         ("LGUEST_MAX_IOEVENTFDS", abi::LGUEST_MAX_IOEVENTFDS as u64),
         ("LGUEST_MAX_MEM", abi::LGUEST_MAX_MEM),
         ("LGUEST_MAX_DEVICE_PAGES", abi::LGUEST_MAX_DEVICE_PAGES),
@@ -149,7 +152,11 @@ fn rust_layout() -> BTreeMap<String, u64> {
         abi::LguestIoeventfd,
         [addr, fd, flags]
     ));
-    all.extend(layout!("lguest_iret_user", abi::LguestIretUser, [rax, rip, rflags, rsp]));
+    all.extend(layout!(
+        "lguest_iret_user",
+        abi::LguestIretUser,
+        [rax, rip, rflags, rsp]
+    ));
     all.extend(layout!("hcall_args", abi::HcallArgs, [arg0, arg4]));
     all.extend(layout!(
         "lguest_data",
