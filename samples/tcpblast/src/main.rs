@@ -7,6 +7,7 @@
 //! ip=192.168.2.2/24 peer=192.168.2.1:9999 recv=67108864   connect, receive N bytes, check them
 //! ip=192.168.2.2/24 listen=9999 send=N | recv=N           the same, but wait for the host to connect
 //! ip=192.168.2.2/24 ping=SECONDS                           only answer pings for that long
+//! ip=192.168.2.2/24 ping=SECONDS pinghost=192.168.2.1      ... and ping the host 5 times
 //! timeout=SECONDS                                          give up after that long (default 300)
 //! notso, nocsum                                            leave out TSO, or all checksum offloads
 //! irqdriven [spin=US]                                      work as a Linux guest does (see below)
@@ -53,12 +54,19 @@ use alloc::vec::Vec;
 use lguest_guest::net::{VirtioNet, DRIVER_FEATURES};
 use lguest_guest::net_features;
 use lguest_guest::smoltcp::iface::{Config, Interface, SocketSet};
-use lguest_guest::smoltcp::socket::tcp;
+use lguest_guest::smoltcp::phy::ChecksumCapabilities;
+use lguest_guest::smoltcp::socket::{icmp, tcp};
 use lguest_guest::smoltcp::time::{Duration, Instant};
-use lguest_guest::smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, Ipv4Address};
+use lguest_guest::smoltcp::wire::{
+    EthernetAddress, HardwareAddress, Icmpv4Packet, Icmpv4Repr, IpAddress, IpCidr, Ipv4Address,
+};
 use lguest_guest::{bus, clock, crash_fmt, entry, paravirt, poweroff, println, Args};
 
 entry!(main);
+
+/// Echo requests sent to the host with `pinghost=`, and their identifier.
+const PINGS: u16 = 5;
+const PING_IDENT: u16 = 0x4c47;
 
 /// The period of the stream pattern.
 const PERIOD: usize = 251;
@@ -89,6 +97,8 @@ struct Opts {
     irq_driven: bool,
     /// `spin=US`: how long an interrupt-driven guest spins before halting.
     spin_ns: u64,
+    /// `pinghost=A.B.C.D`: send echo requests there (in `ping=` mode).
+    ping_host: Option<Ipv4Address>,
 }
 
 fn bad(what: &str, v: &str) -> ! {
@@ -115,6 +125,7 @@ fn parse(args: &Args) -> Opts {
     let mut no_features = 0;
     let mut irq_driven = false;
     let mut spin_ns = 50_000_000;
+    let mut ping_host = None;
     for w in args {
         let (k, v) = w.split_once('=').unwrap_or((w, ""));
         let num = |v: &str| v.parse::<u64>().unwrap_or_else(|_| bad(k, v));
@@ -139,6 +150,7 @@ fn parse(args: &Args) -> Opts {
             "nocsum" => no_features |= net_features::CSUM | net_features::GUEST_CSUM | net_features::HOST_TSO4,
             "irqdriven" => irq_driven = true,
             "spin" => spin_ns = num(v).saturating_mul(1000),
+            "pinghost" => ping_host = Some(parse_ip(v).unwrap_or_else(|| bad("pinghost", v))),
             _ => bad("word", w),
         }
     }
@@ -147,7 +159,7 @@ fn parse(args: &Args) -> Opts {
     if !matches!(mode, Mode::Ping(_)) && peer.is_none() && listen.is_none() {
         bad("command line (send and recv need peer= or listen=)", args.as_str());
     }
-    Opts { ip, prefix, peer, listen, mode, timeout_s, no_features, irq_driven, spin_ns }
+    Opts { ip, prefix, peer, listen, mode, timeout_s, no_features, irq_driven, spin_ns, ping_host }
 }
 
 /// `spin_lock_irqsave`'s half: interrupts off, returning the old flag for
@@ -238,6 +250,18 @@ fn main(args: Args) -> ! {
         println!("tcpblast: connecting to {peer}:{port}");
     }
 
+    // Pings to the host: an ICMP socket, one echo request every 200 ms.
+    let icmp_handle = o.ping_host.map(|_| {
+        let rx = icmp::PacketBuffer::new(vec![icmp::PacketMetadata::EMPTY; 8], vec![0u8; 2048]);
+        let tx = icmp::PacketBuffer::new(vec![icmp::PacketMetadata::EMPTY; 8], vec![0u8; 2048]);
+        let mut s = icmp::Socket::new(rx, tx);
+        if let Err(e) = s.bind(icmp::Endpoint::Ident(PING_IDENT)) {
+            crash_fmt(format_args!("tcpblast: icmp bind: {e}"));
+        }
+        sockets.add(s)
+    });
+    let (mut pings_sent, mut ping_replies, mut next_ping) = (0u16, 0u16, 0u64);
+
     let table = pattern_table(256 << 10);
     let t_boot = clock::now_ns();
     let deadline = t_boot + o.timeout_s * clock::NSEC_PER_SEC;
@@ -287,6 +311,27 @@ fn main(args: Args) -> ! {
         }
         polls += 1;
         let t = clock::now_ns();
+        if let (Some(h), Some(host)) = (icmp_handle, o.ping_host) {
+            let s = sockets.get_mut::<icmp::Socket>(h);
+            if pings_sent < PINGS && t >= next_ping && s.can_send() {
+                let repr = Icmpv4Repr::EchoRequest { ident: PING_IDENT, seq_no: pings_sent, data: b"lguest-rs ping" };
+                let mut buf = vec![0u8; repr.buffer_len()];
+                repr.emit(&mut Icmpv4Packet::new_unchecked(&mut buf[..]), &ChecksumCapabilities::default());
+                if s.send_slice(&buf, IpAddress::Ipv4(host)).is_ok() {
+                    pings_sent += 1;
+                    next_ping = t + 200_000_000;
+                }
+            }
+            let mut rbuf = [0u8; 256];
+            while let Ok((n, _)) = s.recv_slice(&mut rbuf) {
+                let reply = Icmpv4Packet::new_checked(&rbuf[..n])
+                    .ok()
+                    .and_then(|p| Icmpv4Repr::parse(&p, &ChecksumCapabilities::default()).ok());
+                if let Some(Icmpv4Repr::EchoReply { ident: PING_IDENT, .. }) = reply {
+                    ping_replies += 1;
+                }
+            }
+        }
         if t >= ping_end {
             break;
         }
@@ -485,6 +530,9 @@ fn main(args: Args) -> ! {
         if ping_end != u64::MAX {
             ns = ns.min(ping_end.saturating_sub(clock::now_ns()).max(1_000));
         }
+        if icmp_handle.is_some() && pings_sent < PINGS {
+            ns = ns.min(next_ping.saturating_sub(clock::now_ns()).max(1_000));
+        }
         clock::set_event(ns);
         paravirt::halt();
         halts += 1;
@@ -498,7 +546,10 @@ fn main(args: Args) -> ! {
     let irqs = bus::interrupts_taken(slot);
     match o.mode {
         Mode::Ping(s) => {
-            println!("tcpblast: ping: answered for {s} s; rx {} packets, tx {} packets", st.rx_packets, st.tx_packets)
+            println!("tcpblast: ping: answered for {s} s; rx {} packets, tx {} packets", st.rx_packets, st.tx_packets);
+            if let Some(host) = o.ping_host {
+                println!("tcpblast: ping host {host}: {pings_sent} sent, {ping_replies} replies");
+            }
         }
         Mode::Send(_) | Mode::Recv(_) => {
             let (t0, t1) = (t_start.unwrap_or(t_boot), t_end.unwrap_or_else(clock::now_ns));

@@ -46,10 +46,11 @@ fn both_ok(g: &Outcome, s: &Outcome) -> Result<String, t::NotPassed> {
     Ok(line.to_string())
 }
 
-/// The host pings the guest (smoltcp answers): 5 of 5 replies.
-fn ping_host_to_guest() -> TestResult {
+/// Pings both ways: the host pings the guest (smoltcp answers), 5 of 5
+/// replies; the guest pings the host (an ICMP socket), 5 of 5 replies.
+fn ping_both_ways() -> TestResult {
     t::private_netns(TAP, &format!("{HOST}/24"))?;
-    let g = guest_run("", &["ping=20"])?;
+    let g = guest_run("", &["ping=12", &format!("pinghost={HOST}")])?;
     // Let the guest come up; ping retries anyway.
     let start = Instant::now();
     let mut last = String::new();
@@ -62,10 +63,12 @@ fn ping_host_to_guest() -> TestResult {
         last = String::from_utf8_lossy(&o.stdout).into_owned();
         ok = o.status.success() && last.contains("5 packets received");
     }
-    g.signal(libc::SIGTERM);
-    let o = g.wait(Duration::from_secs(30))?;
+    let o = g.wait(Duration::from_secs(60))?;
     check!(ok, "no 5 of 5 ping replies: {last:?}; guest: {}", o.describe());
-    println!("# {}", last.lines().find(|l| l.contains("round-trip")).unwrap_or("(no round-trip line)"));
+    println!("# host -> guest: {}", last.lines().find(|l| l.contains("round-trip")).unwrap_or("(no round-trip line)"));
+    check_eq!(o.code, 0, format!("the guest ({})", o.describe()));
+    let want = format!("tcpblast: ping host {HOST}: 5 sent, 5 replies");
+    check!(o.stdout.contains(&want), "guest -> host: no {want:?}: {}", o.describe());
     Ok(())
 }
 
@@ -120,7 +123,7 @@ fn tap_deleted_under_traffic() -> TestResult {
 
 fn main() -> ExitCode {
     t::run(&[
-        ("ping_host_to_guest", ping_host_to_guest),
+        ("ping_both_ways", ping_both_ways),
         ("tcp_guest_to_host", tcp_guest_to_host),
         ("tcp_host_to_guest", tcp_host_to_guest),
         ("tap_deleted_under_traffic", tap_deleted_under_traffic),
