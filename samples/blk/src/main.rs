@@ -4,7 +4,9 @@
 //! - `sectors=N`: how many sectors to test (default 256, at most the
 //!   disk's size);
 //! - `start=S`: the first sector (default 0);
-//! - `chunk=C`: sectors per request (default 32).
+//! - `chunk=C`: sectors per request (default 32);
+//! - `hold`: after the check, print `blk: holding` and sleep forever
+//!   (for a test that kills the launcher after the flush).
 //!
 //! On a writable disk it writes a pattern over the sectors (each sector's
 //! bytes depend on its number, so a misplaced write shows), flushes, reads
@@ -132,5 +134,13 @@ fn main(args: Args) -> ! {
         bus::kicks(blk.slot())
     );
     println!("blk: wrote {sectors} sectors, flushed, verified OK");
+    if args.iter().any(|w| w == "hold") {
+        // For the durability test: the launcher is killed from outside
+        // now; what was flushed must be in the image.
+        println!("blk: holding");
+        loop {
+            lguest_guest::clock::sleep_ns(1_000_000_000);
+        }
+    }
     poweroff_fmt(format_args!("blk: wrote {sectors} sectors, flushed, verified OK"))
 }
