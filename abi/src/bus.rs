@@ -34,7 +34,10 @@
 //!   - `FAILED`: the device stops.
 //!
 //!   The device sets `DEVICE_NEEDS_RESET` (and stops) when the driver breaks
-//!   the rules, for example with a malformed descriptor chain.
+//!   the rules, for example with a malformed descriptor chain. The bit is
+//!   sticky: a driver writing `status` must keep it (the device puts it back
+//!   at the next status notification if a plain store lost it), and only a
+//!   reset clears it. A reset also clears every queue's `ready`.
 //! - **Queue kicks** are `LHCALL_NOTIFY(vq_addr, 0)`, where `vq_addr` is the
 //!   guest-physical address of the queue's [`LguestVqConfig`]
 //!   ([`LguestBus::vq_addr`]). The launcher binds each of these addresses to
