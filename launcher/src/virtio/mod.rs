@@ -26,6 +26,8 @@ pub mod bus;
 pub mod chain;
 pub mod console;
 pub mod net;
+#[cfg(test)]
+mod proptests;
 pub mod rng;
 pub mod tap;
 pub mod term;
