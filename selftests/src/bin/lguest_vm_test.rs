@@ -126,11 +126,17 @@ extern "C" {
 fn guest_paging() -> Vec<u8> {
     // SAFETY: Both symbols delimit the bytes assembled above, in a
     // read-only section of this program.
-    unsafe {
-        let start = std::ptr::addr_of!(lguest_guest_paging_start);
-        let end = std::ptr::addr_of!(lguest_guest_paging_end);
-        std::slice::from_raw_parts(start, end as usize - start as usize).to_vec()
-    }
+    unsafe { blob(std::ptr::addr_of!(lguest_guest_paging_start), std::ptr::addr_of!(lguest_guest_paging_end)) }
+}
+
+/// The bytes between two symbols of this program's read-only data.
+///
+/// # Safety
+///
+/// `start` and `end` must delimit one blob assembled in this file.
+unsafe fn blob(start: *const u8, end: *const u8) -> Vec<u8> {
+    // SAFETY: guaranteed by the caller.
+    unsafe { std::slice::from_raw_parts(start, end as usize - start as usize).to_vec() }
 }
 
 const PAGE_A: u64 = 0x20_0000;
@@ -257,11 +263,7 @@ extern "C" {
 fn guest_notify() -> Vec<u8> {
     // SAFETY: Both symbols delimit the bytes assembled above, in a
     // read-only section of this program.
-    unsafe {
-        let start = std::ptr::addr_of!(lguest_guest_notify_start);
-        let end = std::ptr::addr_of!(lguest_guest_notify_end);
-        std::slice::from_raw_parts(start, end as usize - start as usize).to_vec()
-    }
+    unsafe { blob(std::ptr::addr_of!(lguest_guest_notify_start), std::ptr::addr_of!(lguest_guest_notify_end)) }
 }
 
 /// LGUEST_IOEVENTFD: 100 kicks of a bound address signal the eventfd 100
@@ -454,16 +456,6 @@ extern "C" {
     static lguest_guest_user_end: u8;
     static lguest_user_prog_start: u8;
     static lguest_user_prog_end: u8;
-}
-
-/// The bytes between two symbols of this program's read-only data.
-///
-/// # Safety
-///
-/// `start` and `end` must delimit one assembled blob above.
-unsafe fn blob(start: *const u8, end: *const u8) -> Vec<u8> {
-    // SAFETY: guaranteed by the caller.
-    unsafe { std::slice::from_raw_parts(start, end as usize - start as usize).to_vec() }
 }
 
 /// Guest user mode: the guest kernel enters its user program with
