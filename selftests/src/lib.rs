@@ -347,10 +347,26 @@ pub struct Outcome {
     pub took: Duration,
 }
 
+/// `text`, or its last lines when it is long.
+fn tail(text: &str) -> String {
+    if text.len() <= 2000 {
+        return format!("{text:?}");
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    format!("(last lines) {:?}", lines[lines.len().saturating_sub(12)..].join("\n"))
+}
+
 impl Outcome {
-    /// The whole outcome, for a failure message.
+    /// The outcome (long outputs cut to their end), for a failure message.
     pub fn describe(&self) -> String {
-        format!("`{}`: exit {}; stdout {:?}; stderr {:?}", self.cmd, self.code, self.stdout, self.stderr)
+        format!(
+            "`{}`: exit {} after {:.1} s; stdout {}; stderr {}",
+            self.cmd,
+            self.code,
+            self.took.as_secs_f64(),
+            tail(&self.stdout),
+            tail(&self.stderr)
+        )
     }
 }
 
@@ -417,8 +433,10 @@ impl Proc {
                     let out = self.out.join().unwrap_or_default();
                     let err = self.err.join().unwrap_or_default();
                     return Err(NotPassed::Fail(format!(
-                        "`{}` did not finish within {timeout:?}; stdout {out:?}; stderr {err:?}",
-                        self.cmd
+                        "`{}` did not finish within {timeout:?} (hung?); stdout {}; stderr {}",
+                        self.cmd,
+                        tail(&out),
+                        tail(&err)
                     )));
                 }
                 Ok(None) => std::thread::sleep(Duration::from_millis(5)),

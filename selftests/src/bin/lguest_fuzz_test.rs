@@ -23,12 +23,10 @@
 //! guests (`$LGUEST_GUESTS`, default /usr/share/lguest/guests).
 
 use std::collections::BTreeMap;
-use std::io::Read;
-use std::process::{Child, Command, ExitCode, Stdio};
-use std::thread::JoinHandle;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use lguest_selftests::{self as t, check, check_eq, fail, TestResult};
+use lguest_selftests::{self as t, check, check_eq, fail, strings, Outcome, Proc, TestResult};
 
 /// Operations of the `valid_ops_never_kill` run: about 6 s on the normal
 /// kernel under TCG, 30 s on the debug kernel (KASAN, lockdep).
@@ -59,34 +57,17 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(180);
 /// The longest one run of `fatal_ops_kill_with_reason` may take.
 const FATAL_TIMEOUT: Duration = Duration::from_secs(30);
 
-use lguest_selftests::{guest, launcher};
+use lguest_selftests::guest;
 
-/// What one launcher run produced.
-struct Outcome {
-    /// The command line, to reproduce it.
-    cmd: String,
-    code: i32,
-    stdout: String,
-    stderr: String,
-    took: Duration,
+/// What the fuzz test reads in a launcher run's output.
+trait FuzzOutcome {
+    fn host_counts(&self) -> Option<(u64, u64)>;
+    fn guest_counts(&self, seed: u64) -> Option<(u64, u64)>;
+    fn paging_counts(&self, seed: u64) -> Option<(u64, u64, u64)>;
+    fn kill_reason(&self) -> Option<&str>;
 }
 
-impl Outcome {
-    fn describe(&self) -> String {
-        let tail = |s: &str| {
-            let lines: Vec<&str> = s.lines().collect();
-            lines[lines.len().saturating_sub(8)..].join("\n    ")
-        };
-        format!(
-            "`{}`: exit {} after {:.1} s\n  stdout (end):\n    {}\n  stderr (end):\n    {}",
-            self.cmd,
-            self.code,
-            self.took.as_secs_f64(),
-            tail(&self.stdout),
-            tail(&self.stderr)
-        )
-    }
-
+impl FuzzOutcome for Outcome {
     /// The host's counts of exits and hypercalls, from `lguest -v`'s
     /// "vCPU 0: N exits, M hypercalls".
     fn host_counts(&self) -> Option<(u64, u64)> {
@@ -123,67 +104,11 @@ impl Outcome {
     }
 }
 
-/// A launcher run in progress, with threads draining its pipes.
-struct Running {
-    cmd: String,
-    child: Child,
-    out: JoinHandle<String>,
-    err: JoinHandle<String>,
-    start: Instant,
-}
-
-fn drain(pipe: Option<impl Read + Send + 'static>) -> JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut bytes = Vec::new();
-        if let Some(mut p) = pipe {
-            let _ = p.read_to_end(&mut bytes);
-        }
-        String::from_utf8_lossy(&bytes).into_owned()
-    })
-}
-
 /// Starts `lguest -v run --memory 16M GUEST ARGS...`.
-fn spawn(guest_name: &str, args: &[String]) -> Result<Running, t::NotPassed> {
-    let path = guest(guest_name);
-    let cmd = format!("{} -v run --memory 16M {path} {}", launcher(), args.join(" "));
-    let mut child = Command::new(launcher())
-        .args(["-v", "run", "--memory", "16M", &path])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| t::NotPassed::Fail(format!("cannot start {}: {e}", launcher())))?;
-    let out = drain(child.stdout.take());
-    let err = drain(child.stderr.take());
-    Ok(Running { cmd, child, out, err, start: Instant::now() })
-}
-
-impl Running {
-    /// Waits for the run to end; kills it after `timeout`.
-    fn wait(mut self, timeout: Duration) -> Result<Outcome, t::NotPassed> {
-        let status = loop {
-            match self.child.try_wait() {
-                Ok(Some(st)) => break st,
-                Ok(None) if self.start.elapsed() > timeout => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    let stdout = self.out.join().unwrap_or_default();
-                    let stderr = self.err.join().unwrap_or_default();
-                    let o = Outcome { cmd: self.cmd, code: -1, stdout, stderr, took: self.start.elapsed() };
-                    fail!("the launcher did not finish within {timeout:?} (hung?): {}", o.describe());
-                }
-                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-                Err(e) => fail!("wait for `{}`: {e}", self.cmd),
-            }
-        };
-        let took = self.start.elapsed();
-        use std::os::unix::process::ExitStatusExt;
-        let code = status.code().unwrap_or(128 + status.signal().unwrap_or(0));
-        let stdout = self.out.join().unwrap_or_default();
-        let stderr = self.err.join().unwrap_or_default();
-        Ok(Outcome { cmd: self.cmd, code, stdout, stderr, took })
-    }
+fn spawn(guest_name: &str, args: &[String]) -> Result<Proc, t::NotPassed> {
+    let mut a = strings(&["-v", "run", "--memory", "16M", &guest(guest_name)]);
+    a.extend_from_slice(args);
+    Proc::launcher(&a, None)
 }
 
 /// Page-table entry updates the page-table test wants in all.
@@ -314,7 +239,7 @@ fn million_hypercalls() -> TestResult {
                 total as f64 / start.elapsed().as_secs_f64()
             );
         }
-        let batch: Vec<(u64, Running)> = (0..MILLION_PARALLEL)
+        let batch: Vec<(u64, Proc)> = (0..MILLION_PARALLEL)
             .map(|i| {
                 let s = seed + i as u64;
                 spawn("fuzz", &fuzz_args(s, MILLION_OPS, 0)).map(|r| (s, r))
@@ -357,7 +282,7 @@ fn page_table_ops() -> TestResult {
         }
         let mut args = fuzz_args(seed, ops, 0);
         args.push(format!("paging={PAGE_TABLE_RATE}"));
-        let batch: Vec<(u64, Running)> = (0..MILLION_PARALLEL as u64)
+        let batch: Vec<(u64, Proc)> = (0..MILLION_PARALLEL as u64)
             .map(|i| {
                 let mut a = args.clone();
                 a[0] = format!("seed={}", seed + i);
