@@ -86,6 +86,11 @@ enum Command {
         /// the vCPU thread (for comparison).
         #[arg(long)]
         no_ioeventfd: bool,
+        /// Serve every queue kick on the vCPU thread, with its interrupt
+        /// raised before the guest goes on (the 2009 launcher's structure;
+        /// implies --no-ioeventfd), for comparison.
+        #[arg(long)]
+        sync_kicks: bool,
         /// Print per-device counters (packets, bytes, kicks, interrupts) on
         /// stderr at exit.
         #[arg(long)]
@@ -133,23 +138,34 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(log_level(cli.verbose))).init();
     let res = match &cli.command {
         Command::Version => version(&cli).map(|()| 0),
-        Command::Run { memory, irq_every, no_console, no_rng, disk, net, no_ioeventfd, stats, guest, args } => {
-            run::run(&run::RunOptions {
-                device: cli.device.clone(),
-                mem_size: *memory,
-                guest: guest.clone(),
-                args: args.clone(),
-                irq_every: *irq_every,
-                devices: run::DeviceOptions {
-                    console: !no_console,
-                    rng: !no_rng,
-                    disks: disk.clone(),
-                    nets: net.clone(),
-                    ioeventfd: !no_ioeventfd,
-                    stats: *stats,
-                },
-            })
-        }
+        Command::Run {
+            memory,
+            irq_every,
+            no_console,
+            no_rng,
+            disk,
+            net,
+            no_ioeventfd,
+            sync_kicks,
+            stats,
+            guest,
+            args,
+        } => run::run(&run::RunOptions {
+            device: cli.device.clone(),
+            mem_size: *memory,
+            guest: guest.clone(),
+            args: args.clone(),
+            irq_every: *irq_every,
+            devices: run::DeviceOptions {
+                console: !no_console,
+                rng: !no_rng,
+                disks: disk.clone(),
+                nets: net.clone(),
+                ioeventfd: !no_ioeventfd,
+                sync_kicks: *sync_kicks,
+                stats: *stats,
+            },
+        }),
     };
     match res {
         Ok(code) => ExitCode::from(code),

@@ -77,6 +77,9 @@ pub struct DeviceOptions {
     /// Bind kicks with `LGUEST_IOEVENTFD` (off: every kick exits to the
     /// vCPU thread, for comparison).
     pub ioeventfd: bool,
+    /// Serve kicks on the vCPU thread before the guest goes on (implies no
+    /// ioeventfds): lguest's structure in 2009, for the benchmarks.
+    pub sync_kicks: bool,
     /// Print per-device counters at exit.
     pub stats: bool,
 }
@@ -174,7 +177,9 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
     };
     lg.create_vm(&config)?;
     let bus = Bus::new(&mem, models, |irq| irq_line(&lg, irq)).context("setting up the lguest bus")?;
-    if opts.devices.ioeventfd && !bus.is_empty() {
+    if opts.devices.sync_kicks {
+        bus.set_sync_kicks(true);
+    } else if opts.devices.ioeventfd && !bus.is_empty() {
         bind_kicks(&lg, &bus)?;
     }
     let vcpu = lg.create_vcpu()?;

@@ -147,6 +147,10 @@ pub struct Bus<'a> {
     bus: LguestBus,
     devices: Vec<Device<'a>>,
     stop: AtomicBool,
+    /// Serve queue kicks that reach the vCPU thread on that thread, before
+    /// the guest runs again (`--sync-kicks`), instead of waking the device
+    /// thread.
+    sync_kicks: AtomicBool,
 }
 
 /// Bytes of one descriptor as the launcher first writes it.
@@ -263,7 +267,7 @@ impl<'a> Bus<'a> {
                 stats: DeviceStats::default(),
             });
         }
-        Ok(Self { mem, bus, devices, stop: AtomicBool::new(false) })
+        Ok(Self { mem, bus, devices, stop: AtomicBool::new(false), sync_kicks: AtomicBool::new(false) })
     }
 
     /// Devices on the bus.
@@ -274,6 +278,12 @@ impl<'a> Bus<'a> {
     /// Whether the bus has no device.
     pub fn is_empty(&self) -> bool {
         self.devices.is_empty()
+    }
+
+    /// Serves kicks that reach the vCPU thread on that thread (see
+    /// `sync_kicks`).
+    pub fn set_sync_kicks(&self, on: bool) {
+        self.sync_kicks.store(on, Ordering::Relaxed);
     }
 
     /// The kick eventfds and the addresses they stand for, to bind with
@@ -298,7 +308,12 @@ impl<'a> Bus<'a> {
             }
             Some(BusNotify::Queue { index, queue }) => {
                 let Some(kick) = self.devices.get(index).and_then(|d| d.kicks.get(queue)) else { return false };
-                if let Err(e) = kick.write(1) {
+                if self.sync_kicks.load(Ordering::Relaxed) {
+                    // As lguest's launcher did in 2009: the kick is served
+                    // (and its interrupt raised) before the guest goes on.
+                    self.devices[index].stats.queues[queue].kicks.fetch_add(1, Ordering::Relaxed);
+                    self.service(index, Events { kicked: 1 << queue, ..Events::default() });
+                } else if let Err(e) = kick.write(1) {
                     log::warn!("kicking queue {queue} of device {index}: {e}");
                 }
                 true
