@@ -42,6 +42,7 @@ mod ffi {
         ) -> *mut core::ffi::c_void;
         pub(super) fn lg_irqfd_detach(irqfd: *mut core::ffi::c_void);
         pub(super) fn lg_irqfd_matches(irqfd: *mut core::ffi::c_void, fd: i32) -> bool;
+        pub(super) fn lg_self_nmi();
         pub(super) fn lg_eventfd_get(fd: i32, err: *mut i32) -> *mut core::ffi::c_void;
         pub(super) fn lg_eventfd_signal(ctx: *mut core::ffi::c_void);
         pub(super) fn lg_eventfd_put(ctx: *mut core::ffi::c_void);
@@ -223,6 +224,15 @@ pub(crate) unsafe fn irqfd_detach(irqfd: *mut core::ffi::c_void) {
 pub(crate) unsafe fn irqfd_matches(irqfd: *mut core::ffi::c_void, fd: i32) -> bool {
     // SAFETY: Guaranteed by the caller.
     unsafe { ffi::lg_irqfd_matches(irqfd, fd) }
+}
+
+/// Sends an NMI to the current CPU through its local APIC (a real NMI,
+/// handled with NMIs blocked by the hardware), to be taken as soon as
+/// NMIs are not blocked. Call with interrupts off, so the CPU stays the same.
+pub(crate) fn self_nmi() {
+    // SAFETY: Sending an IPI to ourselves has no memory-safety
+    // preconditions; the APIC driver is set up long before modules load.
+    unsafe { ffi::lg_self_nmi() }
 }
 
 /// A reference to an eventfd (`struct eventfd_ctx`), dropped with the value.

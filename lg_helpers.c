@@ -13,6 +13,7 @@
 #include <linux/eventfd.h>
 #include <linux/file.h>
 #include <linux/poll.h>
+#include <asm/apic.h>
 #include <linux/slab.h>
 #include <linux/wait.h>
 #include <asm/desc.h>
@@ -235,6 +236,15 @@ void lg_eventfd_signal(struct eventfd_ctx *ctx)
 void lg_eventfd_put(struct eventfd_ctx *ctx)
 {
 	eventfd_ctx_put(ctx);
+}
+
+/*
+ * An NMI to this CPU through its local APIC: a real NMI, so the host's
+ * handler runs with NMIs blocked by the hardware (switcher.rs).
+ */
+void lg_self_nmi(void)
+{
+	__apic_send_IPI_mask(cpumask_of(smp_processor_id()), NMI_VECTOR);
 }
 
 /* The current task's address space, with a reference (mmgrab). */

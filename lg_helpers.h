@@ -38,6 +38,8 @@ struct lg_irqfd;
 struct lg_irqfd *lg_irqfd_attach(int fd, void *data, unsigned int irq, int *err);
 void lg_irqfd_detach(struct lg_irqfd *irqfd);
 bool lg_irqfd_matches(struct lg_irqfd *irqfd, int fd);
+void lg_self_nmi(void);
+
 struct eventfd_ctx;
 struct eventfd_ctx *lg_eventfd_get(int fd, int *err);
 void lg_eventfd_signal(struct eventfd_ctx *ctx);

@@ -453,12 +453,22 @@ impl Switcher {
 
         // NMIs and machine checks are never dropped: whether they hit the
         // guest or the switcher, the host's own handler runs now.
-        let nmi = b.get_u64(NMI_PENDING) != 0 || (!aborted && vector == 2);
+        // An NMI that hit the guest came through our stub and no iretq
+        // since: NMIs are still blocked, and `int 2` runs the host's
+        // handler as the hardware would (its iretq unblocks them). One the
+        // stub recorded in ring 0 was followed by the stub's iretq, so NMIs
+        // are unblocked: `int 2` would run the handler open to a second NMI
+        // in its first instructions, so a real NMI is sent instead.
+        let guest_nmi = !aborted && vector == 2;
+        let ring0_nmi = b.get_u64(NMI_PENDING) != 0;
+        let nmi = guest_nmi || ring0_nmi;
         let mc = b.get_u64(MC_PENDING) != 0 || (!aborted && vector == 18);
-        if nmi {
+        if guest_nmi {
             // SAFETY: Runs the host's NMI handler through the host IDT (now
             // loaded again), as the kernel did for KVM before FRED.
             unsafe { core::arch::asm!("int 2") };
+        } else if ring0_nmi {
+            helpers::self_nmi();
         }
         if mc {
             // SAFETY: As above, for the machine-check handler.
