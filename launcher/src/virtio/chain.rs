@@ -95,12 +95,12 @@ impl Chain {
 
     /// A cursor over the readable buffers.
     pub fn reader(&self) -> ChainReader<'_> {
-        ChainReader { bufs: &self.readable, at: 0, off: 0 }
+        ChainReader { pos: Cursor { bufs: &self.readable, at: 0, off: 0 } }
     }
 
     /// A cursor over the writable buffers.
     pub fn writer(&self) -> ChainWriter<'_> {
-        ChainWriter { bufs: &self.writable, at: 0, off: 0, written: 0 }
+        ChainWriter { pos: Cursor { bufs: &self.writable, at: 0, off: 0 }, written: 0 }
     }
 }
 
@@ -198,20 +198,20 @@ pub fn walk(mem: &GuestMemoryMmap, desc_table: u64, size: u16, head: u16) -> Res
     }
 }
 
-/// Reads the device-readable part of a chain in order.
+/// A position in a list of buffers, for [`ChainReader`] and [`ChainWriter`].
 #[derive(Debug)]
-pub struct ChainReader<'c> {
+struct Cursor<'c> {
     bufs: &'c [Buf],
     at: usize,
     off: u32,
 }
 
-impl ChainReader<'_> {
-    /// Copies up to `out.len()` bytes; returns how many (0 at the end).
-    pub fn read(&mut self, mem: &GuestMemoryMmap, out: &mut [u8]) -> usize {
-        let mut done = 0;
-        while done < out.len() {
-            let Some(buf) = self.bufs.get(self.at) else { break };
+impl Cursor<'_> {
+    /// The next piece of at most `max` bytes (a run inside one buffer), and
+    /// moves past it; `None` at the end.
+    fn next(&mut self, max: usize) -> Option<(GuestAddress, usize)> {
+        loop {
+            let buf = self.bufs.get(self.at)?;
             // CAST: u32 to usize is lossless on 64-bit hosts.
             let left = (buf.len - self.off) as usize;
             if left == 0 {
@@ -219,26 +219,46 @@ impl ChainReader<'_> {
                 self.off = 0;
                 continue;
             }
-            let n = left.min(out.len() - done);
+            let n = left.min(max);
             let addr = GuestAddress(buf.addr + u64::from(self.off));
+            // CAST: n <= left, which came from a u32.
+            self.off += n as u32;
+            return Some((addr, n));
+        }
+    }
+
+    /// Bytes left from here to the end.
+    fn left(&self) -> u64 {
+        self.bufs[self.at.min(self.bufs.len())..].iter().map(|b| u64::from(b.len)).sum::<u64>() - u64::from(self.off)
+    }
+}
+
+/// Reads the device-readable part of a chain in order.
+#[derive(Debug)]
+pub struct ChainReader<'c> {
+    pos: Cursor<'c>,
+}
+
+impl ChainReader<'_> {
+    /// Copies up to `out.len()` bytes; returns how many (0 at the end).
+    pub fn read(&mut self, mem: &GuestMemoryMmap, out: &mut [u8]) -> usize {
+        let mut done = 0;
+        while done < out.len() {
+            let Some((addr, n)) = self.pos.next(out.len() - done) else { break };
             // The range was checked by `walk`; a failure cannot happen, and
             // would only leave zeroes in `out`.
             if mem.read_slice(&mut out[done..done + n], addr).is_err() {
                 out[done..done + n].fill(0);
             }
             done += n;
-            // CAST: n <= left, which came from a u32.
-            self.off += n as u32;
         }
         done
     }
 
     /// Reads everything that is left, up to `max` bytes.
     pub fn read_to_vec(&mut self, mem: &GuestMemoryMmap, max: usize) -> Vec<u8> {
-        let left: u64 = self.bufs[self.at.min(self.bufs.len())..].iter().map(|b| u64::from(b.len)).sum::<u64>()
-            - u64::from(self.off);
         // CAST: min with a usize fits usize.
-        let mut v = vec![0u8; left.min(max as u64) as usize];
+        let mut v = vec![0u8; self.pos.left().min(max as u64) as usize];
         let n = self.read(mem, &mut v);
         v.truncate(n);
         v
@@ -248,9 +268,7 @@ impl ChainReader<'_> {
 /// Writes the device-writable part of a chain in order.
 #[derive(Debug)]
 pub struct ChainWriter<'c> {
-    bufs: &'c [Buf],
-    at: usize,
-    off: u32,
+    pos: Cursor<'c>,
     written: u64,
 }
 
@@ -259,21 +277,10 @@ impl ChainWriter<'_> {
     pub fn write(&mut self, mem: &GuestMemoryMmap, data: &[u8]) -> usize {
         let mut done = 0;
         while done < data.len() {
-            let Some(buf) = self.bufs.get(self.at) else { break };
-            // CAST: u32 to usize is lossless on 64-bit hosts.
-            let left = (buf.len - self.off) as usize;
-            if left == 0 {
-                self.at += 1;
-                self.off = 0;
-                continue;
-            }
-            let n = left.min(data.len() - done);
-            let addr = GuestAddress(buf.addr + u64::from(self.off));
+            let Some((addr, n)) = self.pos.next(data.len() - done) else { break };
             // The range was checked by `walk`, so this cannot fail.
             let _ = mem.write_slice(&data[done..done + n], addr);
             done += n;
-            // CAST: n <= left, which came from a u32.
-            self.off += n as u32;
         }
         self.written += done as u64;
         done
