@@ -309,16 +309,39 @@ impl<'a> Bus<'a> {
             Some(BusNotify::Queue { index, queue }) => {
                 let Some(kick) = self.devices.get(index).and_then(|d| d.kicks.get(queue)) else { return false };
                 if self.sync_kicks.load(Ordering::Relaxed) {
-                    // As lguest's launcher did in 2009: the kick is served
-                    // (and its interrupt raised) before the guest goes on.
+                    // As lguest's launcher did in 2009: the kick is served,
+                    // and the device's host input polled without waiting
+                    // (for a tap: the ACKs the host's TCP sent while taking
+                    // those packets), with the interrupts raised, before
+                    // the guest goes on.
                     self.devices[index].stats.queues[queue].kicks.fetch_add(1, Ordering::Relaxed);
-                    self.service(index, Events { kicked: 1 << queue, ..Events::default() });
+                    let input = self.ready_inputs(index);
+                    self.service(index, Events { kicked: 1 << queue, input, ..Events::default() });
                 } else if let Err(e) = kick.write(1) {
                     log::warn!("kicking queue {queue} of device {index}: {e}");
                 }
                 true
             }
             _ => false,
+        }
+    }
+
+    /// The input fds of device `index` that are readable now (bit per
+    /// entry of `input_fds`), without waiting.
+    fn ready_inputs(&self, index: usize) -> u32 {
+        let Some(dev) = self.devices.get(index) else { return 0 };
+        let fds = {
+            let inner = dev.lock();
+            if !inner.running {
+                return 0;
+            }
+            inner.model.input_fds()
+        };
+        let mut pfds: Vec<libc::pollfd> =
+            fds.iter().take(32).map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+        match poll(&mut pfds, Some(Duration::ZERO)) {
+            Ok(0) | Err(_) => 0,
+            Ok(_) => pfds.iter().enumerate().filter(|(_, p)| p.revents != 0).fold(0, |m, (i, _)| m | 1 << i),
         }
     }
 
@@ -613,7 +636,8 @@ impl<'a> Bus<'a> {
 /// `poll(2)` on `fds` for at most `timeout` (forever if `None`).
 fn poll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<usize> {
     // CAST: clamped to i32::MAX milliseconds.
-    let ms = timeout.map_or(-1, |t| t.as_millis().clamp(1, i32::MAX as u128) as i32);
+    // A zero timeout polls; any other is at least a millisecond.
+    let ms = timeout.map_or(-1, |t| if t.is_zero() { 0 } else { t.as_millis().clamp(1, i32::MAX as u128) as i32 });
     // SAFETY: `fds` is a valid, exclusively borrowed array of pollfd of the
     // length given; poll writes only their `revents`.
     let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };

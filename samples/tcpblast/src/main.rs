@@ -10,7 +10,10 @@
 //! ip=192.168.2.2/24 ping=SECONDS pinghost=192.168.2.1      ... and ping the host 5 times
 //! timeout=SECONDS                                          give up after that long (default 300)
 //! notso, nocsum                                            leave out TSO, or all checksum offloads
-//! irqdriven [spin=US]                                      work as a Linux guest does (see below)
+//! irqdriven [spin=US] [busy=OFF/ON]                        work as a Linux guest does (see below)
+//! sndbuf=BYTES rcvbuf=BYTES                                the TCP socket's buffers (default 4 MiB, or
+//!                                                          1 MiB with a small heap, on the side that
+//!                                                          moves the data; 64 KiB on the other)
 //! ```
 //!
 //! The stream carries the pattern byte `i` = `(i * 131 + 7) % 251` (the
@@ -42,7 +45,14 @@
 //!   TCP window, or waiting for data), the guest spins with interrupts on,
 //!   watching the work flag and smoltcp's next deadline, for up to
 //!   `spin=US` microseconds (default 50000, far more than a round trip, so
-//!   it does not halt during a transfer) before it halts.
+//!   it does not halt during a transfer) before it halts;
+//! - with `busy=OFF/ON` it is not idle while it waits but runs a background
+//!   job as a loaded kernel does: OFF microseconds in a critical section
+//!   (interrupts off), then ON microseconds with interrupts on, again and
+//!   again. An interrupt that comes during the critical section is held
+//!   back until interrupts come on: with the `irq_pending` check it is
+//!   taken then; without it, only when the guest next exits to the host
+//!   while its interrupts are on.
 #![no_std]
 #![no_main]
 
@@ -97,8 +107,16 @@ struct Opts {
     irq_driven: bool,
     /// `spin=US`: how long an interrupt-driven guest spins before halting.
     spin_ns: u64,
+    /// `busy=OFF/ON` (microseconds): instead of spinning idle, an
+    /// interrupt-driven guest runs a background job in slices of OFF with
+    /// interrupts off, each followed by ON with interrupts on.
+    busy: Option<(u64, u64)>,
     /// `pinghost=A.B.C.D`: send echo requests there (in `ping=` mode).
     ping_host: Option<Ipv4Address>,
+    /// `sndbuf=BYTES`, `rcvbuf=BYTES`: the TCP socket's buffers (the send
+    /// buffer bounds the bytes in flight, the receive buffer the window).
+    sndbuf: Option<usize>,
+    rcvbuf: Option<usize>,
 }
 
 fn bad(what: &str, v: &str) -> ! {
@@ -125,7 +143,9 @@ fn parse(args: &Args) -> Opts {
     let mut no_features = 0;
     let mut irq_driven = false;
     let mut spin_ns = 50_000_000;
+    let mut busy = None;
     let mut ping_host = None;
+    let (mut sndbuf, mut rcvbuf) = (None, None);
     for w in args {
         let (k, v) = w.split_once('=').unwrap_or((w, ""));
         let num = |v: &str| v.parse::<u64>().unwrap_or_else(|_| bad(k, v));
@@ -150,7 +170,23 @@ fn parse(args: &Args) -> Opts {
             "nocsum" => no_features |= net_features::CSUM | net_features::GUEST_CSUM | net_features::HOST_TSO4,
             "irqdriven" => irq_driven = true,
             "spin" => spin_ns = num(v).saturating_mul(1000),
+            "busy" => {
+                let (off, on) = v.split_once('/').unwrap_or((v, "1"));
+                let (off, on) = (num(off), num(on));
+                if !(1..=1_000_000).contains(&off) || on > 1_000_000 {
+                    bad(k, v);
+                }
+                busy = Some((off * 1000, on * 1000));
+            }
             "pinghost" => ping_host = Some(parse_ip(v).unwrap_or_else(|| bad("pinghost", v))),
+            // smoltcp's window field: at most 1 GiB with scaling.
+            "sndbuf" | "rcvbuf" => {
+                let n = num(v);
+                if !(4096..=1 << 30).contains(&n) {
+                    bad(k, v);
+                }
+                *(if k == "sndbuf" { &mut sndbuf } else { &mut rcvbuf }) = Some(n as usize);
+            }
             _ => bad("word", w),
         }
     }
@@ -159,7 +195,7 @@ fn parse(args: &Args) -> Opts {
     if !matches!(mode, Mode::Ping(_)) && peer.is_none() && listen.is_none() {
         bad("command line (send and recv need peer= or listen=)", args.as_str());
     }
-    Opts { ip, prefix, peer, listen, mode, timeout_s, no_features, irq_driven, spin_ns, ping_host }
+    Opts { ip, prefix, peer, listen, mode, timeout_s, no_features, irq_driven, spin_ns, busy, ping_host, sndbuf, rcvbuf }
 }
 
 /// `spin_lock_irqsave`'s half: interrupts off, returning the old flag for
@@ -177,6 +213,22 @@ fn irq_restore(flags: u64, held: &mut u64) {
         *held += 1;
     }
     paravirt::restore_fl(flags);
+}
+
+/// Runs the background job from `t` (nanoseconds) for `ns`, in 1 us
+/// slices counted in `slices`; returns the time at the end.
+fn background(mut t: u64, ns: u64, slices: &mut u64) -> u64 {
+    let end = t.saturating_add(ns);
+    let mut next = t;
+    while t < end {
+        if t >= next {
+            *slices += 1;
+            next = t + 1000;
+        }
+        core::hint::spin_loop();
+        t = clock::now_ns();
+    }
+    t
 }
 
 fn now() -> Instant {
@@ -230,6 +282,7 @@ fn main(args: Args) -> ! {
         Mode::Recv(_) => (if big { 4 << 20 } else { 1 << 20 }, 64 << 10),
         Mode::Ping(_) => (4 << 10, 4 << 10),
     };
+    let (rx_len, tx_len) = (o.rcvbuf.unwrap_or(rx_len), o.sndbuf.unwrap_or(tx_len));
     let mut sock =
         tcp::Socket::new(tcp::SocketBuffer::new(vec![0u8; rx_len]), tcp::SocketBuffer::new(vec![0u8; tx_len]));
     sock.set_nagle_enabled(false);
@@ -283,6 +336,9 @@ fn main(args: Args) -> ! {
     // (without the `irq_pending` check) waits that began with one held
     // back, and how long those took to end.
     let (mut held, mut held_waits, mut held_wait_ns) = (0u64, 0u64, 0u64);
+    // `busy=`: background work done (in 1 us slices) and its critical
+    // sections an interrupt came in.
+    let (mut busy_slices, mut busy_held) = (0u64, 0u64);
     if o.irq_driven {
         let f = irq_save();
         net.set_irq_driven(true);
@@ -489,8 +545,21 @@ fn main(args: Args) -> ! {
             let was_held = lguest_guest::data::irq_pending() != 0;
             let mut t = t0;
             while !work(&net) && t < until && t < spin_end && t < deadline && t < ping_end {
-                core::hint::spin_loop();
-                t = clock::now_ns();
+                match o.busy {
+                    None => {
+                        core::hint::spin_loop();
+                        t = clock::now_ns();
+                    }
+                    Some((off, on)) => {
+                        // A slice of the background job as a busy kernel
+                        // runs it: mostly in critical sections, with
+                        // interrupts on only between them.
+                        let f = irq_save();
+                        t = background(t, off, &mut busy_slices);
+                        irq_restore(f, &mut busy_held);
+                        t = background(t, on, &mut busy_slices);
+                    }
+                }
             }
             spin_ns += t - t0;
             if was_held {
@@ -579,6 +648,13 @@ fn main(args: Args) -> ! {
             "tcpblast: interrupt-driven: interrupts held back in {held} critical sections; {held_waits} waits began with one held back, {} us in those",
             held_wait_ns / 1000
         );
+        if let Some((off, on)) = o.busy {
+            println!(
+                "tcpblast: interrupt-driven: background job ({} us off, {} us on): {busy_slices} us done, interrupts held back in {busy_held} of its critical sections",
+                off / 1000,
+                on / 1000
+            );
+        }
     }
     poweroff("tcpblast: done")
 }

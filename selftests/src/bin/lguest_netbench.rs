@@ -20,12 +20,21 @@
 //! and off, both directions) run tcpblast's `irqdriven` mode instead, which
 //! works as a Linux guest does: ring work and kicks with interrupts off,
 //! received frames and transmit completions handled only after the
-//! device's interrupt, and a busy guest that spins instead of halting.
+//! device's interrupt, and a guest that spins instead of halting. Tags
+//! add to it: `+sync-kicks` (the launcher serves a kick on the vCPU thread
+//! and polls the tap before the guest goes on, as the 2009 launcher did)
+//! and `+busy` (a loaded guest: while it waits it runs a background job,
+//! mostly with interrupts off, see [`BUSY`]). A loaded guest is where the
+//! check matters: without it, an interrupt that arrives in a critical
+//! section waits until the guest happens to exit while its interrupts are
+//! on.
 //!
-//! Usage: `lguest_netbench [MIB] [irqdriven]` (default 256 MiB per run;
-//! `irqdriven` runs only those rows). Every row moves the same MIB. Not a
-//! test: it asserts nothing but that every transfer completes and checks
-//! out.
+//! Usage: `lguest_netbench [MIB] [irqdriven | sync] [tohost] [guest=W,..]`
+//! (default 256 MiB per run; `irqdriven` runs only those rows, `sync`
+//! only the `+sync-kicks` ones, `tohost` only guest -> host; `guest=`
+//! adds words to tcpblast's command line, e.g. `guest=sndbuf=262144`).
+//! Every row moves the same MIB. Not a test: it asserts nothing but that
+//! every transfer completes and checks out.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -48,6 +57,30 @@ struct Row {
     /// The launcher's `--sync-kicks`: kicks served on the vCPU thread, the
     /// interrupt raised before the guest goes on (the 2009 structure).
     sync: bool,
+    /// tcpblast's `busy=`: a loaded guest (see [`BUSY`]).
+    busy: bool,
+}
+
+/// The loaded guest of the `+busy` rows: while it waits for the network
+/// it runs a background job 50 us at a time with interrupts off, with
+/// 5 us between those slices with interrupts on.
+const BUSY: &str = "busy=50/5";
+
+impl Row {
+    /// The mode tag of the row's name and of the effect lines.
+    fn mode(&self) -> String {
+        if !self.irqdriven {
+            return String::new();
+        }
+        let mut m = String::from(" mode=irqdriven");
+        if self.sync {
+            m.push_str("+sync-kicks");
+        }
+        if self.busy {
+            m.push_str("+busy");
+        }
+        m
+    }
 }
 
 /// What one run measured.
@@ -91,7 +124,7 @@ fn measure(g: &Outcome, s: &Outcome, bytes: u64) -> Option<Result> {
     })
 }
 
-fn run(row: Row, bytes: u64) -> std::result::Result<Result, String> {
+fn run(row: Row, bytes: u64, extra: &[String]) -> std::result::Result<Result, String> {
     let addr = format!("{HOST}:{PORT}");
     let n = bytes.to_string();
     let sink_args = if row.to_host {
@@ -123,6 +156,10 @@ fn run(row: Row, bytes: u64) -> std::result::Result<Result, String> {
     if row.irqdriven {
         a.push("irqdriven".into());
     }
+    if row.busy {
+        a.push(BUSY.into());
+    }
+    a.extend(extra.iter().cloned());
     let g = Proc::launcher(&a, None).map_err(|e| format!("{e:?}"))?;
     let limit = Duration::from_secs(1900);
     let g = g.wait(limit).map_err(|e| format!("{e:?}"))?;
@@ -143,26 +180,45 @@ fn run(row: Row, bytes: u64) -> std::result::Result<Result, String> {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mib: u64 = args.iter().find_map(|a| a.parse().ok()).unwrap_or(256);
-    let only_irqdriven = args.iter().any(|a| a == "irqdriven");
+    let only_irqdriven = args.iter().any(|a| a == "irqdriven" || a == "sync");
+    let only_sync = args.iter().any(|a| a == "sync");
+    let only_to_host = args.iter().any(|a| a == "tohost");
+    let extra: Vec<String> = args
+        .iter()
+        .filter_map(|a| a.strip_prefix("guest="))
+        .flat_map(|w| w.split(',').map(String::from))
+        .collect();
     let bytes = mib << 20;
     if let Err(e) = t::private_netns(TAP, &format!("{HOST}/24")) {
         println!("bench: net: no network namespace: {e:?}");
         return ExitCode::FAILURE;
     }
+    // Guest modes (irqdriven, sync, busy): the default loop and the loaded
+    // Linux-like guest with the 2009 launcher get every combination; the
+    // others only the check on and off.
+    let modes = [
+        (false, false, false, true),
+        (true, false, false, false),
+        (true, true, false, false),
+        (true, false, true, false),
+        (true, true, true, true),
+    ];
     let mut rows = Vec::new();
     for to_host in [true, false] {
-        if !only_irqdriven {
-            for offload in [true, false] {
+        if only_to_host && !to_host {
+            continue;
+        }
+        for (irqdriven, sync, busy, every) in modes {
+            if (only_irqdriven && !irqdriven) || (only_sync && !sync) {
+                continue;
+            }
+            let both: &[bool] = if every { &[true, false] } else { &[true] };
+            for &offload in both {
                 for irqcheck in [true, false] {
-                    for batch in [true, false] {
-                        rows.push(Row { to_host, batch, irqcheck, offload, irqdriven: false, sync: false });
+                    for &batch in both {
+                        rows.push(Row { to_host, batch, irqcheck, offload, irqdriven, sync, busy });
                     }
                 }
-            }
-        }
-        for sync in [false, true] {
-            for irqcheck in [true, false] {
-                rows.push(Row { to_host, batch: true, irqcheck, offload: true, irqdriven: true, sync });
             }
         }
     }
@@ -174,13 +230,9 @@ fn main() -> ExitCode {
             on(row.batch),
             on(row.irqcheck),
             on(row.offload),
-            match (row.irqdriven, row.sync) {
-                (true, true) => " mode=irqdriven+sync-kicks",
-                (true, false) => " mode=irqdriven",
-                _ => "",
-            }
+            row.mode()
         );
-        match run(row, bytes) {
+        match run(row, bytes, &extra) {
             Ok(r) => {
                 println!(
                     "bench: net {name}: {:.1} MB/s, {:.1} packets/rx-interrupt, {:.0} interrupts/MB, {:.0} exits/MB",
@@ -194,48 +246,29 @@ fn main() -> ExitCode {
             }
         }
     }
-    let find_in = |irqdriven, to_host, batch, irqcheck, offload| {
+    let find = |to_host, batch, irqcheck, offload| {
         results.iter().find(|(r, _)| {
-            !r.sync
-                && r.irqdriven == irqdriven
-                && r.to_host == to_host
-                && r.batch == batch
-                && r.irqcheck == irqcheck
-                && r.offload == offload
+            !r.irqdriven && r.to_host == to_host && r.batch == batch && r.irqcheck == irqcheck && r.offload == offload
         })
     };
-    let find = |to_host, batch, irqcheck, offload| find_in(false, to_host, batch, irqcheck, offload);
-    if let (Some((_, with)), Some((_, without))) = (find(true, true, true, true), find(true, true, false, true)) {
-        println!(
-            "bench: net irq_pending effect guest->host: {:.2}x throughput ({:.1} vs {:.1} MB/s)",
-            with.mb_per_s / without.mb_per_s,
-            with.mb_per_s,
-            without.mb_per_s
-        );
-    }
-    for to_host in [true, false] {
-        if let (Some((_, with)), Some((_, without))) =
-            (find_in(true, to_host, true, true, true), find_in(true, to_host, true, false, true))
-        {
+    // The check's effect in each mode (batching on): the row with it
+    // against the same row without.
+    for (row, with) in results.iter().filter(|(r, _)| r.irqcheck && r.batch) {
+        let twin = results.iter().find(|(r, _)| {
+            !r.irqcheck
+                && r.batch
+                && r.to_host == row.to_host
+                && r.offload == row.offload
+                && r.irqdriven == row.irqdriven
+                && r.sync == row.sync
+                && r.busy == row.busy
+        });
+        if let Some((_, without)) = twin {
             println!(
-                "bench: net irq_pending effect {} mode=irqdriven: {:.2}x throughput ({:.1} vs {:.1} MB/s, {:.0} vs {:.0} \
-                 exits/MB)",
-                if to_host { "guest->host" } else { "host->guest" },
-                with.mb_per_s / without.mb_per_s,
-                with.mb_per_s,
-                without.mb_per_s,
-                with.exits_per_mb,
-                without.exits_per_mb
-            );
-        }
-    }
-    for to_host in [true, false] {
-        let sync = |irqcheck| results.iter().find(|(r, _)| r.sync && r.to_host == to_host && r.irqcheck == irqcheck);
-        if let (Some((_, with)), Some((_, without))) = (sync(true), sync(false)) {
-            println!(
-                "bench: net irq_pending effect {} mode=irqdriven+sync-kicks: {:.2}x throughput ({:.1} vs {:.1} MB/s, \
-                 {:.0} vs {:.0} exits/MB)",
-                if to_host { "guest->host" } else { "host->guest" },
+                "bench: net irq_pending effect {} offload={}{}: {:.2}x throughput ({:.1} vs {:.1} MB/s, {:.0} vs {:.0} exits/MB)",
+                if row.to_host { "guest->host" } else { "host->guest" },
+                on(row.offload),
+                row.mode(),
                 with.mb_per_s / without.mb_per_s,
                 with.mb_per_s,
                 without.mb_per_s,
