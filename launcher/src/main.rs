@@ -86,9 +86,10 @@ enum Command {
         /// the vCPU thread (for comparison).
         #[arg(long)]
         no_ioeventfd: bool,
-        /// Serve every queue kick on the vCPU thread, with its interrupt
-        /// raised before the guest goes on (the 2009 launcher's structure;
-        /// implies --no-ioeventfd), for comparison.
+        /// Serve every queue kick on the vCPU thread, with the device's
+        /// host input polled and its interrupts raised before the guest
+        /// goes on (the 2009 launcher's structure; implies --no-ioeventfd),
+        /// for comparison.
         #[arg(long)]
         sync_kicks: bool,
         /// Print per-device counters (packets, bytes, kicks, interrupts) on

@@ -314,9 +314,19 @@ impl<'a> Bus<'a> {
                     // (for a tap: the ACKs the host's TCP sent while taking
                     // those packets), with the interrupts raised, before
                     // the guest goes on.
-                    self.devices[index].stats.queues[queue].kicks.fetch_add(1, Ordering::Relaxed);
-                    let input = self.ready_inputs(index);
+                    let dev = &self.devices[index];
+                    dev.stats.queues[queue].kicks.fetch_add(1, Ordering::Relaxed);
+                    let (input, fds) = self.ready_inputs(index);
                     self.service(index, Events { kicked: 1 << queue, input, ..Events::default() });
+                    // The device thread sleeps on the host fds the model
+                    // wanted before; if serving changed them (a net device
+                    // given receive buffers wants its tap again), it must
+                    // look again.
+                    if dev.lock().model.input_fds() != fds {
+                        if let Err(e) = dev.wake.write(1) {
+                            log::warn!("waking device {index}: {e}");
+                        }
+                    }
                 } else if let Err(e) = kick.write(1) {
                     log::warn!("kicking queue {queue} of device {index}: {e}");
                 }
@@ -326,23 +336,24 @@ impl<'a> Bus<'a> {
         }
     }
 
-    /// The input fds of device `index` that are readable now (bit per
-    /// entry of `input_fds`), without waiting.
-    fn ready_inputs(&self, index: usize) -> u32 {
-        let Some(dev) = self.devices.get(index) else { return 0 };
+    /// The input fds device `index` wants polled, and those of them that
+    /// are readable now (bit per entry), found without waiting.
+    fn ready_inputs(&self, index: usize) -> (u32, Vec<RawFd>) {
+        let Some(dev) = self.devices.get(index) else { return (0, Vec::new()) };
         let fds = {
             let inner = dev.lock();
             if !inner.running {
-                return 0;
+                return (0, Vec::new());
             }
             inner.model.input_fds()
         };
         let mut pfds: Vec<libc::pollfd> =
             fds.iter().take(32).map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
-        match poll(&mut pfds, Some(Duration::ZERO)) {
+        let ready = match poll(&mut pfds, Some(Duration::ZERO)) {
             Ok(0) | Err(_) => 0,
             Ok(_) => pfds.iter().enumerate().filter(|(_, p)| p.revents != 0).fold(0, |m, (i, _)| m | 1 << i),
-        }
+        };
+        (ready, fds)
     }
 
     fn desc_addr(&self, dev: &Device<'_>) -> u64 {
