@@ -5,7 +5,8 @@
 # world switch (from lguest.ko), then boots the QEMU host with
 # `-icount shift=0` (ICOUNT=0 to turn that off) and runs lguest_bench, then
 # boots it again without -icount for the network benchmark lguest_netbench
-# (NET_MIB per run, default 256; 0 leaves it out).
+# (NET_MIB per run, default 256, 0 leaves it out; NET_REPS runs per row,
+# default 3, the median stands for the row).
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
 OUT=$(bash "$REPO/scripts/build.sh")
@@ -47,6 +48,6 @@ grep '^bench:' "${log%.log}.out" || { tail -20 "$log"; echo "bench: failed (log 
 # with each other, within one run.
 [ "${NET_MIB:-256}" = 0 ] && exit 0
 log="$CACHE/logs/$stamp-netbench.log"
-ICOUNT=${NET_ICOUNT:-0} KTAP_LOG="${log%.log}.out" KARGS="lgtest.netmib=${NET_MIB:-256} ${KARGS:-}" \
+ICOUNT=${NET_ICOUNT:-0} KTAP_LOG="${log%.log}.out" KARGS="lgtest.netmib=${NET_MIB:-256} lgtest.netreps=${NET_REPS:-3} ${KARGS:-}" \
 	timeout -s KILL 5400 bash "$REPO/scripts/qemu.sh" netbench "${CPU:-max}" </dev/null >"$log" 2>&1 || true
 grep '^bench:' "${log%.log}.out" || { tail -20 "$log"; echo "bench: net failed (log $log)"; exit 1; }
