@@ -140,6 +140,15 @@ fn check(
         );
     }
     let reset = testring::status(&mem, 0) & VIRTIO_STATUS_DEVICE_NEEDS_RESET != 0;
+    // A device-writable buffer over the rings themselves (the driver gave
+    // its own ring as a buffer) lets the device's data land in the used
+    // ring: the device did as told, and the used entries say nothing then.
+    let ring_end = RING + 0x2000;
+    let over_rings =
+        descs.iter().any(|d| d.flags & 2 != 0 && d.addr < ring_end && d.addr.saturating_add(u64::from(d.len)) > RING);
+    if over_rings {
+        return Ok(());
+    }
     let used = ring.used_idx(&mem);
     prop_assert!(used <= heads.len() as u16, "{used} used entries for {} offered", heads.len());
     for n in 0..used {
