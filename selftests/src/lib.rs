@@ -457,6 +457,15 @@ impl Proc {
     }
 }
 
+/// The number just before `word` in a line of counters
+/// (`"... 261 packets, 12 interrupts"`, `"packets"` -> 261), words being
+/// separated by white space and `,;()`.
+pub fn number_before<T: std::str::FromStr>(line: &str, word: &str) -> Option<T> {
+    let words: Vec<&str> = line.split(|c: char| c.is_whitespace() || ",;()".contains(c)).collect();
+    let i = words.iter().position(|w| *w == word)?;
+    words.get(i.checked_sub(1)?)?.parse().ok()
+}
+
 /// `args` as owned strings.
 pub fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()

@@ -309,24 +309,7 @@ impl<'a> Bus<'a> {
             Some(BusNotify::Queue { index, queue }) => {
                 let Some(kick) = self.devices.get(index).and_then(|d| d.kicks.get(queue)) else { return false };
                 if self.sync_kicks.load(Ordering::Relaxed) {
-                    // As lguest's launcher did in 2009: the kick is served,
-                    // and the device's host input polled without waiting
-                    // (for a tap: the ACKs the host's TCP sent while taking
-                    // those packets), with the interrupts raised, before
-                    // the guest goes on.
-                    let dev = &self.devices[index];
-                    dev.stats.queues[queue].kicks.fetch_add(1, Ordering::Relaxed);
-                    let (input, fds) = self.ready_inputs(index);
-                    self.service(index, Events { kicked: 1 << queue, input, ..Events::default() });
-                    // The device thread sleeps on the host fds the model
-                    // wanted before; if serving changed them (a net device
-                    // given receive buffers wants its tap again), it must
-                    // look again.
-                    if dev.lock().model.input_fds() != fds {
-                        if let Err(e) = dev.wake.write(1) {
-                            log::warn!("waking device {index}: {e}");
-                        }
-                    }
+                    self.serve_kick_here(&self.devices[index], queue);
                 } else if let Err(e) = kick.write(1) {
                     log::warn!("kicking queue {queue} of device {index}: {e}");
                 }
@@ -336,24 +319,36 @@ impl<'a> Bus<'a> {
         }
     }
 
-    /// The input fds device `index` wants polled, and those of them that
-    /// are readable now (bit per entry), found without waiting.
-    fn ready_inputs(&self, index: usize) -> (u32, Vec<RawFd>) {
-        let Some(dev) = self.devices.get(index) else { return (0, Vec::new()) };
+    /// `--sync-kicks`, as lguest's launcher did in 2009: serves a kick of
+    /// `queue` on the calling (vCPU) thread, with the device's host input
+    /// polled without waiting (for a tap: the ACKs the host's TCP sent while
+    /// taking those packets) and the interrupts raised, before the guest
+    /// goes on.
+    fn serve_kick_here(&self, dev: &Device<'_>, queue: usize) {
+        dev.stats.queues[queue].kicks.fetch_add(1, Ordering::Relaxed);
         let fds = {
             let inner = dev.lock();
-            if !inner.running {
-                return (0, Vec::new());
+            if inner.running {
+                inner.model.input_fds()
+            } else {
+                Vec::new()
             }
-            inner.model.input_fds()
         };
         let mut pfds: Vec<libc::pollfd> =
             fds.iter().take(32).map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
-        let ready = match poll(&mut pfds, Some(Duration::ZERO)) {
+        let input = match poll(&mut pfds, Some(Duration::ZERO)) {
             Ok(0) | Err(_) => 0,
             Ok(_) => pfds.iter().enumerate().filter(|(_, p)| p.revents != 0).fold(0, |m, (i, _)| m | 1 << i),
         };
-        (ready, fds)
+        self.service(dev.index, Events { kicked: 1 << queue, input, ..Events::default() });
+        // The device thread sleeps on the host fds the model wanted before;
+        // if serving changed them (a net device given receive buffers wants
+        // its tap again), it must look again.
+        if dev.lock().model.input_fds() != fds {
+            if let Err(e) = dev.wake.write(1) {
+                log::warn!("{}: waking its thread: {e}", dev.name);
+            }
+        }
     }
 
     fn desc_addr(&self, dev: &Device<'_>) -> u64 {

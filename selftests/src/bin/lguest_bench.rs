@@ -90,30 +90,12 @@ fn pfbench() -> Option<Vec<(String, u64)>> {
 /// `pages` fresh anonymous pages (what `pf_fault_roundtrip` is for the
 /// guest).
 fn host_fault_cycles(pages: usize) -> Option<u64> {
-    let len = pages * 4096;
-    // SAFETY: a fresh private anonymous mapping; unmapped below.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return None;
-    }
+    let m = lguest_selftests::Mapping::anon(pages * 4096).ok()?;
     let start = rdtsc();
     for i in 0..pages {
-        // SAFETY: inside the mapping just made.
-        unsafe { (p as *mut u8).add(i * 4096).write_volatile(1) };
+        m.put(i * 4096, 1u8);
     }
-    let cycles = (rdtsc() - start) / pages as u64;
-    // SAFETY: the mapping made above.
-    unsafe { libc::munmap(p, len) };
-    Some(cycles)
+    Some((rdtsc() - start) / pages as u64)
 }
 
 /// The host's fork-like cycle: fork a child that writes to `pages` pages

@@ -22,9 +22,11 @@ const PORT: u16 = 9999;
 const BULK: u64 = 64 << 20;
 const TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Starts `lguest run --stats --net tap=lgtap0[,OPT] tcpblast ARGS`.
-fn guest_run(net_opt: &str, args: &[&str]) -> Result<Proc, t::NotPassed> {
-    let mut a = strings(&["run", "--memory", "128M", "--stats", "--net"]);
+/// Starts `lguest run --stats FLAGS --net tap=lgtap0[,OPT] tcpblast ARGS`.
+fn guest_run(flags: &[&str], net_opt: &str, args: &[&str]) -> Result<Proc, t::NotPassed> {
+    let mut a = strings(&["run", "--memory", "128M", "--stats"]);
+    a.extend(strings(flags));
+    a.push("--net".into());
     a.push(format!("tap={TAP}{net_opt}"));
     a.push(guest("tcpblast"));
     a.push(GUEST_IP.into());
@@ -50,7 +52,7 @@ fn both_ok(g: &Outcome, s: &Outcome) -> Result<String, t::NotPassed> {
 /// replies; the guest pings the host (an ICMP socket), 5 of 5 replies.
 fn ping_both_ways() -> TestResult {
     t::private_netns(TAP, &format!("{HOST}/24"))?;
-    let g = guest_run("", &["ping=12", &format!("pinghost={HOST}")])?;
+    let g = guest_run(&[], "", &["ping=12", &format!("pinghost={HOST}")])?;
     // Let the guest come up; ping retries anyway.
     let start = Instant::now();
     let mut last = String::new();
@@ -78,7 +80,7 @@ fn tcp_guest_to_host() -> TestResult {
     let addr = format!("{HOST}:{PORT}");
     let s = sink(&[&addr, "--expect", &BULK.to_string(), "--timeout", "280"])?;
     std::thread::sleep(Duration::from_millis(300));
-    let g = guest_run("", &[&format!("peer={addr}"), &format!("send={BULK}"), "timeout=280"])?;
+    let g = guest_run(&[], "", &[&format!("peer={addr}"), &format!("send={BULK}"), "timeout=280"])?;
     let (g, s) = (g.wait(TIMEOUT)?, s.wait(TIMEOUT)?);
     let line = both_ok(&g, &s)?;
     check!(line.contains(&format!("tcpsink: {BULK} bytes")), "sink: {}", s.describe());
@@ -92,19 +94,12 @@ fn tcp_host_to_guest() -> TestResult {
     let addr = format!("{HOST}:{PORT}");
     let s = sink(&[&addr, "--send", &BULK.to_string(), "--timeout", "280"])?;
     std::thread::sleep(Duration::from_millis(300));
-    let g = guest_run("", &[&format!("peer={addr}"), &format!("recv={BULK}"), "timeout=280"])?;
+    let g = guest_run(&[], "", &[&format!("peer={addr}"), &format!("recv={BULK}"), "timeout=280"])?;
     let (g, s) = (g.wait(TIMEOUT)?, s.wait(TIMEOUT)?);
     let line = both_ok(&g, &s)?;
     check!(g.stdout.contains(&format!("{BULK} bytes")), "the guest did not report {BULK} bytes: {}", g.describe());
     println!("# host -> guest: {line}");
     Ok(())
-}
-
-/// The number before `word` in `line` (`"... 12 waits"` -> 12).
-fn number_before(line: &str, word: &str) -> Option<u64> {
-    let words: Vec<&str> = line.split(|c: char| c.is_whitespace() || c == ',' || c == ';').collect();
-    let i = words.iter().position(|w| *w == word)?;
-    words.get(i.checked_sub(1)?)?.parse().ok()
 }
 
 /// The benchmark's loaded Linux-like guest (`irqdriven busy=50/5`, a
@@ -121,15 +116,12 @@ fn tcp_loaded_guest() -> TestResult {
         let addr = format!("{HOST}:{PORT}");
         let s = sink(&[&addr, "--expect", &N.to_string(), "--timeout", "120"])?;
         std::thread::sleep(Duration::from_millis(300));
-        let mut a = strings(&["run", "--memory", "128M", "--stats", "--sync-kicks", "--net"]);
-        a.push(format!("tap={TAP}"));
-        a.push(guest("tcpblast"));
-        a.extend(strings(&[GUEST_IP, &format!("peer={addr}"), &format!("send={N}"), "timeout=120"]));
-        a.extend(strings(&["irqdriven", "busy=50/5"]));
+        let (peer, send) = (format!("peer={addr}"), format!("send={N}"));
+        let mut args = vec![peer.as_str(), &send, "timeout=120", "irqdriven", "busy=50/5"];
         if !check {
-            a.push("noirqcheck".into());
+            args.push("noirqcheck");
         }
-        let g = Proc::launcher(&a, None)?;
+        let g = guest_run(&["--sync-kicks"], "", &args)?;
         let (g, s) = (g.wait(TIMEOUT)?, s.wait(TIMEOUT)?);
         let line = both_ok(&g, &s)?;
         check!(line.contains(&format!("tcpsink: {N} bytes")), "sink: {}", s.describe());
@@ -137,8 +129,8 @@ fn tcp_loaded_guest() -> TestResult {
         check!(g.stdout.contains(&want), "the guest does not say {want:?}: {}", g.describe());
         let find = |p: &str| g.stdout.lines().find(|l| l.contains(p)).unwrap_or_default().to_string();
         let (waits, job) = (find("waits began with one held back"), find("background job"));
-        let held_waits = number_before(&waits, "waits");
-        let held_in_job = number_before(&job, "of");
+        let held_waits: Option<u64> = t::number_before(&waits, "waits");
+        let held_in_job: Option<u64> = t::number_before(&job, "of");
         println!("# irq_pending check {}: {line}; {waits}; {job}", if check { "on" } else { "off" });
         check!(held_waits.is_some() && held_in_job.is_some(), "no interrupt-driven counters: {}", g.describe());
         if !check {
@@ -156,7 +148,7 @@ fn tap_deleted_under_traffic() -> TestResult {
     let addr = format!("{HOST}:{PORT}");
     let s = sink(&[&addr, "--timeout", "60"])?;
     std::thread::sleep(Duration::from_millis(300));
-    let g = guest_run("", &[&format!("peer={addr}"), "send=1073741824", "timeout=60"])?;
+    let g = guest_run(&[], "", &[&format!("peer={addr}"), "send=1073741824", "timeout=60"])?;
     std::thread::sleep(Duration::from_secs(3));
     t::ip(&["link", "del", TAP])?;
     let g = g.wait(Duration::from_secs(90))?;

@@ -40,7 +40,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use lguest_selftests::{self as t, guest, strings, Outcome, Proc};
+use lguest_selftests::{self as t, guest, number_before, strings, Outcome, Proc};
 
 const TAP: &str = "lgbench0";
 const HOST: &str = "192.168.2.1";
@@ -102,22 +102,15 @@ fn on(b: bool) -> &'static str {
     }
 }
 
-/// The number before `word` in `line` (`"... 261 packets"` -> 261).
-fn number_before(line: &str, word: &str) -> Option<f64> {
-    let words: Vec<&str> = line.split(|c: char| c.is_whitespace() || c == ',' || c == '(').collect();
-    let i = words.iter().position(|w| *w == word)?;
-    words.get(i.checked_sub(1)?)?.parse().ok()
-}
-
 /// Parses the launcher's counters and the sink's line.
 fn measure(g: &Outcome, s: &Outcome, bytes: u64) -> Option<Result> {
     let sink = s.stdout.lines().find(|l| l.starts_with("tcpsink: ") && l.contains(" MB/s"))?;
     let mb_per_s = number_before(sink, "MB/s")?;
     let rx = g.stderr.lines().find(|l| l.trim_start().starts_with("rx: "))?;
     let tx = g.stderr.lines().find(|l| l.trim_start().starts_with("tx: "))?;
-    let (rx_pkts, rx_irqs) = (number_before(rx, "packets")?, number_before(rx, "interrupts")?);
-    let tx_irqs = number_before(tx, "interrupts")?;
-    let exits = g.stderr.lines().find(|l| l.contains(" exits, ")).and_then(|l| number_before(l, "exits"))?;
+    let (rx_pkts, rx_irqs): (f64, f64) = (number_before(rx, "packets")?, number_before(rx, "interrupts")?);
+    let tx_irqs: f64 = number_before(tx, "interrupts")?;
+    let exits: f64 = g.stderr.lines().find(|l| l.contains(" exits, ")).and_then(|l| number_before(l, "exits"))?;
     let mb = bytes as f64 / 1e6;
     Some(Result {
         mb_per_s,
