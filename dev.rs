@@ -2,20 +2,27 @@
 //! `/dev/lguest`: one open file is one launcher's VM.
 //!
 //! The file's private data is a [`LguestFile`]: a mutex around the VM, which
-//! `LGUEST_CREATE_VM` fills in and RUN holds for the whole time the guest
-//! runs. Holding it, the module touches the launcher's memory (pinning,
-//! hypercall arguments), which takes the mm's `mmap_lock`; mmap runs with
-//! `mmap_lock` held, so it must not take the VM mutex. It uses `runs`, the
-//! run pages, a leaf lock. Lock order: `vm` -> `mmap_lock` -> `runs`, and
-//! `vm` -> `runs`, and `vm` -> the notifier table (`notify.rs`); `irqfds`
-//! is never held with another of ours. Unknown
-//! commands get `ENOTTY`, malformed arguments `EINVAL`, unreadable ones
-//! `EFAULT`.
+//! `LGUEST_CREATE_VM` fills in and RUN holds while the guest runs (not
+//! while a halted vCPU sleeps), and a flag saying a RUN is in progress.
+//! Other ioctls that need the VM never wait for it: while RUN holds it they
+//! get `EBUSY`, so no thread sits in an uninterruptible sleep behind a
+//! running guest (nor behind the freezer). Holding the mutex, the module
+//! pins the launcher's memory, which takes the mm's `mmap_lock`; mmap runs
+//! with `mmap_lock` held, so it must not take the VM mutex. It uses `runs`,
+//! the run pages, a leaf lock. Lock order: `vm` -> `mmap_lock` -> `runs`,
+//! and `vm` -> `runs`, and `vm` -> the notifier table (`notify.rs`);
+//! `irqfds` is never held with another of ours. Unknown commands get
+//! `ENOTTY`, malformed arguments `EINVAL`, unreadable ones `EFAULT`.
 //!
 //! While a file is open the module cannot be unloaded: the misc device's
 //! `fops.owner` is this module, so every open file holds a module reference.
 
+use core::sync::atomic::{
+    AtomicBool,
+    Ordering, //
+};
 use kernel::{
+    current,
     fs::File,
     miscdevice::{
         MiscDevice,
@@ -28,8 +35,10 @@ use kernel::{
     new_mutex,
     prelude::*,
     sync::{
+        aref::ARef,
         Arc,
-        Mutex, //
+        Mutex,
+        MutexGuard, //
     },
     transmute::{
         AsBytes,
@@ -55,7 +64,10 @@ use crate::{
         LguestVcpuRegs,
         LguestVmConfig, //
     },
-    vm::Vm,
+    vm::{
+        RunStep,
+        Vm, //
+    },
 };
 
 // SAFETY: `LguestIrqfd` is `repr(C)`, four 32-bit integers, no padding.
@@ -87,9 +99,26 @@ pub(crate) struct LguestFile {
     irqfds: Mutex<KVec<IrqFd>>,
     /// Notification addresses bound to eventfds; shared with the VM.
     notifiers: Arc<Notifiers>,
+    /// A RUN is in progress (there is one vCPU): a second one gets `EBUSY`.
+    running: AtomicBool,
+}
+
+/// Clears the `running` flag when RUN returns, however it returns.
+struct Running<'a>(&'a AtomicBool, &'a VcpuIrq);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.1.set_task(None);
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 impl LguestFile {
+    /// The VM's lock, unless RUN (or another ioctl) holds it: `EBUSY`.
+    fn vm_now(&self) -> Result<MutexGuard<'_, Option<Vm>>> {
+        self.vm.try_lock().ok_or(EBUSY)
+    }
+
     fn create_vm(&self, arg: usize) -> Result<isize> {
         let cfg: LguestVmConfig = UserSlice::new(
             UserPtr::from_addr(arg),
@@ -97,7 +126,7 @@ impl LguestFile {
         )
         .reader()
         .read()?;
-        let mut vm = self.vm.lock();
+        let mut vm = self.vm_now()?;
         if vm.is_some() {
             return Err(EEXIST);
         }
@@ -107,7 +136,7 @@ impl LguestFile {
     }
 
     fn create_vcpu(&self) -> Result<isize> {
-        let mut guard = self.vm.lock();
+        let mut guard = self.vm_now()?;
         let vm = Option::as_mut(&mut *guard).ok_or(ENOENT)?;
         // Room for the run page first, so that a vCPU never exists without
         // one the launcher can map.
@@ -120,8 +149,24 @@ impl LguestFile {
     }
 
     fn run(&self, vcpu: usize) -> Result<isize> {
-        let mut guard = self.vm.lock();
-        Option::as_mut(&mut *guard).ok_or(ENOENT)?.run(vcpu)
+        if self.running.swap(true, Ordering::AcqRel) {
+            return Err(EBUSY);
+        }
+        // While we are in here, interrupt sources wake and kick this thread.
+        self.irq.set_task(Some(ARef::from(&**current!())));
+        let _running = Running(&self.running, &self.irq);
+        loop {
+            // Other holders of the lock are ioctls that never sleep with
+            // it, so this wait is short.
+            let step = {
+                let mut guard = self.vm.lock();
+                Option::as_mut(&mut *guard).ok_or(ENOENT)?.run(vcpu)?
+            };
+            match step {
+                RunStep::Exit(r) => return Ok(r),
+                RunStep::Sleep { blocked } => self.irq.sleep_unless(blocked),
+            }
+        }
     }
 
     fn get_regs(&self, arg: usize) -> Result<isize> {
@@ -134,7 +179,7 @@ impl LguestFile {
         if req.pad != 0 {
             return Err(EINVAL);
         }
-        let vm = self.vm.lock();
+        let vm = self.vm_now()?;
         req.regs = vm.as_ref().ok_or(ENOENT)?.get_regs(req.vcpu as usize)?;
         w.write(&req)?;
         Ok(0)
@@ -192,7 +237,7 @@ impl LguestFile {
         if req.pad != 0 {
             return Err(EINVAL);
         }
-        let mut guard = self.vm.lock();
+        let mut guard = self.vm_now()?;
         Option::as_mut(&mut *guard)
             .ok_or(ENOENT)?
             .set_regs(req.vcpu as usize, req.regs)?;
@@ -214,6 +259,7 @@ impl MiscDevice for LguestFile {
                 irq,
                 irqfds <- new_mutex!(KVec::new(), "LguestFile::irqfds"),
                 notifiers,
+                running: AtomicBool::new(false),
             }),
             GFP_KERNEL,
         )

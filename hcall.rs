@@ -194,7 +194,7 @@ fn dispatch(
             paging::flush(vm).map(|()| None)
         }
         uapi::LHCALL_SET_STACK => {
-            if a.arg1 == 0 || a.arg1 >= 1 << 47 {
+            if a.arg1 == 0 || a.arg1 > uapi::GUEST_VA_END {
                 return kill!("SET_STACK: bad kernel stack {:#x}", a.arg1);
             }
             vm.vcpus[index].kernel_stack = a.arg1;
@@ -228,7 +228,7 @@ fn iret_user(vm: &mut Vm, index: usize) -> Result<(), Kill> {
         u64::from_le_bytes(v)
     };
     let (rax, rip, rflags, user_rsp) = (w(0), w(1), w(2), w(3));
-    if rip >= 1 << 47 || user_rsp >= 1 << 47 {
+    if !crate::switcher::GuestCpu::enterable(rip, user_rsp) {
         return kill!("IRET_USER: bad user rip {rip:#x} or rsp {user_rsp:#x}");
     }
     // User mode runs with virtual interrupts on.
@@ -261,9 +261,11 @@ fn init(vm: &mut Vm, index: usize, gpa: u64) -> Result<(), Kill> {
     {
         return kill!("bad lguest_data address {gpa:#x}");
     }
-    // The guest must stay in the lower half: the switcher is in the upper.
-    let reserve_mem: u64 = 1 << 47;
-    // SAFETY: Reads variables set up at boot.
+    // The guest's addresses end below the last lower-half page.
+    let reserve_mem: u64 = uapi::GUEST_VA_END;
+    // SAFETY: check_tsc_unstable() may be called from any context, and
+    // tsc_khz is a plain variable, read once here (it may be refined after
+    // boot, so the guest gets the value of the moment).
     let tsc_khz = unsafe {
         if bindings::check_tsc_unstable() == 0 {
             bindings::tsc_khz

@@ -2,7 +2,7 @@
 //! Thin wrappers around the C helpers (`lg_helpers.c`) and the switcher's
 //! entry points (`switcher_64.S`).
 //!
-//! The C side only exposes kernel static inlines and macros; each Rust
+//! The C side mostly exposes kernel static inlines and macros; each Rust
 //! wrapper here is safe where the operation is safe in any context, and
 //! `unsafe` with a `# Safety` section where it is not.
 
@@ -17,7 +17,6 @@ mod ffi {
         pub(super) fn lg_gdt_rw(cpu: u32) -> usize;
         pub(super) fn lg_signal_pending() -> i32;
         pub(super) fn lg_cond_resched();
-        pub(super) fn lg_try_to_freeze() -> bool;
         pub(super) fn lg_current_mm_grab() -> *mut core::ffi::c_void;
         pub(super) fn lg_current_mm_is(mm: *mut core::ffi::c_void) -> bool;
         pub(super) fn lg_mm_drop(mm: *mut core::ffi::c_void);
@@ -43,6 +42,14 @@ mod ffi {
         pub(super) fn lg_irqfd_detach(irqfd: *mut core::ffi::c_void);
         pub(super) fn lg_irqfd_matches(irqfd: *mut core::ffi::c_void, fd: i32) -> bool;
         pub(super) fn lg_self_nmi();
+        pub(super) fn lg_vmap(pages: *mut *mut bindings::page, count: u32) -> *mut u8;
+        pub(super) fn lg_vunmap(addr: *mut u8);
+        pub(super) fn lg_host_ist(out: *mut u64);
+        pub(super) fn lg_machine_check_user(ip: usize);
+        pub(super) fn lg_notify_resume_pending() -> bool;
+        pub(super) fn lg_host_refusal() -> *const core::ffi::c_char;
+        pub(super) fn lg_user_shstk() -> bool;
+        pub(super) fn lg_meltdown_without_pti() -> bool;
         pub(super) fn lg_eventfd_get(fd: i32, err: *mut i32) -> *mut core::ffi::c_void;
         pub(super) fn lg_eventfd_signal(ctx: *mut core::ffi::c_void);
         pub(super) fn lg_eventfd_put(ctx: *mut core::ffi::c_void);
@@ -113,10 +120,78 @@ pub(crate) fn cond_resched() {
     unsafe { ffi::lg_cond_resched() }
 }
 
-/// Enters the refrigerator if the system or cgroup is freezing.
-pub(crate) fn try_to_freeze() -> bool {
-    // SAFETY: As for cond_resched(): process context, may sleep.
-    unsafe { ffi::lg_try_to_freeze() }
+/// Nanoseconds of the monotonic clock.
+pub(crate) fn monotonic_ns() -> u64 {
+    // SAFETY: ktime_get() may be called in any context once timekeeping
+    // is up, long before modules load.
+    unsafe { bindings::ktime_get() as u64 }
+}
+
+/// Whether work is queued for the current task's return to user mode
+/// (`TIF_NOTIFY_RESUME`: a memory-failure kill after a machine check, say).
+pub(crate) fn notify_resume_pending() -> bool {
+    // SAFETY: Tests a flag of the current task; any context.
+    unsafe { ffi::lg_notify_resume_pending() }
+}
+
+/// Maps `pages` contiguously in the vmalloc area (`PAGE_KERNEL`: read-write,
+/// no-execute); null on failure.
+///
+/// # Safety
+///
+/// Every entry of `pages` must be a page the caller owns and keeps until
+/// [`vunmap`].
+pub(crate) unsafe fn vmap(pages: &mut [*mut bindings::page]) -> *mut u8 {
+    // SAFETY: The caller guarantees the pages; the slice gives the count.
+    unsafe { ffi::lg_vmap(pages.as_mut_ptr(), pages.len() as u32) }
+}
+
+/// Undoes [`vmap`].
+///
+/// # Safety
+///
+/// `addr` must come from [`vmap`] and not be used afterwards.
+pub(crate) unsafe fn vunmap(addr: *mut u8) {
+    // SAFETY: Guaranteed by the caller.
+    unsafe { ffi::lg_vunmap(addr) }
+}
+
+/// This CPU's IST1-4 stack tops (the host's double-fault, NMI, #DB and #MC
+/// stacks). Call with interrupts off, so the CPU stays the same.
+pub(crate) fn host_ist() -> [u64; 4] {
+    let mut ist = [0u64; 4];
+    // SAFETY: `ist` has room for the four values written.
+    unsafe { ffi::lg_host_ist(ist.as_mut_ptr()) };
+    ist
+}
+
+/// Runs the host's machine-check handler for an #MC that hit the guest at
+/// `ip`, as a user-mode event.
+pub(crate) fn machine_check_user(ip: u64) {
+    // SAFETY: do_machine_check() may be called from process context with a
+    // frame that says user mode, as KVM does after a VM exit.
+    unsafe { ffi::lg_machine_check_user(ip as usize) }
+}
+
+/// Why lguest cannot run on this host, if the kernel knows a reason
+/// (memory encryption, TDX, Xen PV).
+pub(crate) fn host_refusal() -> Option<&'static core::ffi::CStr> {
+    // SAFETY: Returns null or a static string.
+    let p = unsafe { ffi::lg_host_refusal() };
+    // SAFETY: A non-null result is a NUL-terminated static string.
+    (!p.is_null()).then(|| unsafe { core::ffi::CStr::from_ptr(p) })
+}
+
+/// User-mode shadow stacks are enabled on this host.
+pub(crate) fn user_shstk() -> bool {
+    // SAFETY: Reads the boot CPU's feature bits.
+    unsafe { ffi::lg_user_shstk() }
+}
+
+/// The CPU is affected by Meltdown and page-table isolation is off.
+pub(crate) fn meltdown_without_pti() -> bool {
+    // SAFETY: Reads the boot CPU's feature and bug bits.
+    unsafe { ffi::lg_meltdown_without_pti() }
 }
 
 /// A counted reference to an address space (`mmgrab`): it keeps the

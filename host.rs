@@ -2,9 +2,11 @@
 //! What lguest requires of the host, checked once when the module loads.
 //!
 //! The switcher saves and restores a known set of CPU state. A host whose
-//! control registers are in a state it does not handle makes `insmod` fail
-//! with a message in the kernel log that says why, instead of a crash the
-//! first time a guest runs. What is merely weaker (no UMIP) is reported.
+//! control registers are in a state it does not handle (FRED), or whose
+//! memory or CPU state the switcher cannot manage (encrypted memory, TDX,
+//! Xen PV), makes `insmod` fail with a message in the kernel log that says
+//! why, instead of a crash the first time a guest runs. What is merely
+//! weaker (no UMIP, Meltdown without PTI) is reported.
 
 use kernel::prelude::*;
 
@@ -37,6 +39,10 @@ pub(crate) fn check_host() -> Result {
         pr_err!("needs long mode with no-execute pages (EFER {:#x})\n", efer);
         return Err(ENODEV);
     }
+    if let Some(why) = helpers::host_refusal() {
+        pr_err!("cannot run on this host: {}\n", why.to_str().unwrap_or("(unprintable)"));
+        return Err(ENODEV);
+    }
     let on = |bit: u64| if cr4 & bit != 0 { "on" } else { "off" };
     let levels = if cr4 & CR4_LA57 != 0 { 5 } else { 4 };
     pr_info!(
@@ -51,6 +57,9 @@ pub(crate) fn check_host() -> Result {
         on(CR4_UMIP),
         crate::uapi::LGUEST_API_VERSION
     );
+    if helpers::meltdown_without_pti() {
+        pr_warn!("this CPU is affected by Meltdown and page-table isolation is off: a guest could read the kernel memory its page tables map (the switcher's pages; see Documentation/switcher.rst)\n");
+    }
     if cr4 & CR4_UMIP == 0 {
         pr_warn!("UMIP is off: guests can read the addresses of the switcher's GDT and IDT with sgdt/sidt\n");
     }

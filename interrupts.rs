@@ -29,7 +29,6 @@ use crate::{
         kill,
         Kill, //
     },
-    helpers,
     switcher::GuestCpu,
     uapi::{
         self,
@@ -74,7 +73,7 @@ pub(crate) fn load_idt_entry(
     if matches!(vector, 2 | 8 | 18) || vector == uapi::LGUEST_TRAP_ENTRY as u64 {
         return kill!("LOAD_IDT_ENTRY: vector {vector} belongs to the host");
     }
-    if handler >= 1 << 47 {
+    if handler >= uapi::GUEST_VA_END {
         return kill!(
             "LOAD_IDT_ENTRY: handler {handler:#x} for vector {vector} is not a guest address"
         );
@@ -202,8 +201,7 @@ fn emulate_iret(vm: &mut Vm, index: usize) -> Result<bool, Kill> {
     let (rip, cs, flags, new_rsp, ss) = (w(0), w(1), w(2), w(3), w(4));
     if cs != uapi::LGUEST_GUEST_CS
         || ss != uapi::LGUEST_GUEST_SS
-        || rip >= 1 << 47
-        || new_rsp >= 1 << 47
+        || !GuestCpu::enterable(rip, new_rsp)
     {
         return Ok(false);
     }
@@ -352,14 +350,13 @@ pub(crate) enum Halted {
     Wake,
     /// Every interrupt is blocked: nothing can ever wake the guest.
     Never,
-    /// Slept; check signals and look again.
-    Slept,
+    /// Nothing deliverable yet: sleep until an interrupt not in `blocked`
+    /// is raised.
+    Sleep { blocked: u64 },
 }
 
-/// Sleeps (freezable, interruptible) while vCPU `index` is halted with
-/// nothing to deliver. Uses no CPU until an interrupt is raised or a signal
-/// arrives.
-pub(crate) fn wait_halted(vm: &mut Vm, index: usize) -> Result<Halted, Kill> {
+/// Looks at a halted vCPU `index`: can it wake now, may it ever?
+pub(crate) fn halted(vm: &mut Vm, index: usize) -> Result<Halted, Kill> {
     let Some(ld) = vm.vcpus[index].lguest_data else {
         return Ok(Halted::Never);
     };
@@ -367,18 +364,9 @@ pub(crate) fn wait_halted(vm: &mut Vm, index: usize) -> Result<Halted, Kill> {
     if blocked == u64::MAX {
         return Ok(Halted::Never);
     }
-    let irq = vm.vcpus[index].irq.clone();
-    helpers::set_current_interruptible();
-    // Checked after marking ourselves asleep: a raise after this point
-    // wakes us, one before it is seen here.
-    if irq.pending() & !blocked != 0 {
-        helpers::set_current_running();
+    if vm.vcpus[index].irq.pending() & !blocked != 0 {
         vm.vcpus[index].halted = false;
         return Ok(Halted::Wake);
     }
-    if !helpers::signal_pending() {
-        helpers::schedule();
-    }
-    helpers::set_current_running();
-    Ok(Halted::Slept)
+    Ok(Halted::Sleep { blocked })
 }

@@ -42,7 +42,10 @@ use kernel::{
     },
 };
 
-use crate::uapi;
+use crate::{
+    helpers,
+    uapi, //
+};
 
 /// The shortest clock event the host arms (TCG cannot do better anyway).
 const MIN_CLOCKEVENT_NS: u64 = 1000;
@@ -57,7 +60,9 @@ pub(crate) struct VcpuIrq {
     /// The thread inside RUN for this vCPU, if any.
     #[pin]
     task: SpinLockIrq<Option<ARef<Task>>>,
-    /// Interrupts raised since creation (for statistics).
+    /// Interrupts raised since creation: the run loop compares it before
+    /// and after preparing an entry, so that a raise in between is not left
+    /// waiting for the next exit.
     raised: AtomicU64,
 }
 
@@ -101,7 +106,7 @@ impl VcpuIrq {
             return;
         }
         self.pending.fetch_or(1 << irq, Ordering::SeqCst);
-        self.raised.fetch_add(1, Ordering::Relaxed);
+        self.raised.fetch_add(1, Ordering::SeqCst);
         self.kick();
     }
 
@@ -119,6 +124,11 @@ impl VcpuIrq {
         }
     }
 
+    /// How many interrupts were raised so far (see `raised`).
+    pub(crate) fn raised(&self) -> u64 {
+        self.raised.load(Ordering::SeqCst)
+    }
+
     /// The pending bitmap.
     pub(crate) fn pending(&self) -> u64 {
         self.pending.load(Ordering::SeqCst)
@@ -127,6 +137,20 @@ impl VcpuIrq {
     /// Takes IRQ `irq` off the pending bitmap (it is being delivered).
     pub(crate) fn clear(&self, irq: u32) {
         self.pending.fetch_and(!(1u64 << irq), Ordering::SeqCst);
+    }
+
+    /// Sleeps (interruptibly, using no CPU) unless an interrupt not in
+    /// `blocked` is pending; returns when one is raised, a signal arrives,
+    /// or spuriously. Called with no lock held, by the task recorded with
+    /// [`VcpuIrq::set_task`], which every raise wakes: the check comes after
+    /// marking ourselves asleep, so a raise before it is seen here and one
+    /// after it wakes us.
+    pub(crate) fn sleep_unless(&self, blocked: u64) {
+        helpers::set_current_interruptible();
+        if self.pending() & !blocked == 0 && !helpers::signal_pending() {
+            helpers::schedule();
+        }
+        helpers::set_current_running();
     }
 
     /// Records (or forgets) the thread that runs this vCPU.

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * C helpers for lguest.ko; see lg_helpers.h. No logic lives here: each
- * function only exposes a static inline or a macro to Rust.
+ * C helpers for lguest.ko; see lg_helpers.h. Most only expose a static
+ * inline or a macro to Rust. Two carry real logic: the irqfd (a wait-queue
+ * entry on an eventfd, as KVM's irqfd, kept in C as KVM keeps it) and the
+ * host checks that need the kernel's feature macros (lg_host_refusal).
  */
 #include <linux/irqflags.h>
 #include <linux/mm.h>
@@ -20,6 +22,14 @@
 #include <asm/msr.h>
 #include <asm/special_insns.h>
 #include <asm/tlbflush.h>
+#include <asm/processor.h>
+#include <asm/cpufeature.h>
+#include <asm/mce.h>
+#include <asm/ptrace.h>
+#include <linux/cc_platform.h>
+#include <linux/mem_encrypt.h>
+#include <linux/vmalloc.h>
+#include <linux/thread_info.h>
 #include "lg_helpers.h"
 
 unsigned long lg_irq_save(void)
@@ -60,14 +70,9 @@ void lg_cond_resched(void)
 	cond_resched();
 }
 
-bool lg_try_to_freeze(void)
-{
-	return try_to_freeze();
-}
-
 void lg_set_current_interruptible(void)
 {
-	set_current_state(TASK_INTERRUPTIBLE | TASK_FREEZABLE);
+	set_current_state(TASK_INTERRUPTIBLE);
 }
 
 void lg_set_current_running(void)
@@ -271,4 +276,83 @@ void lg_mm_drop(struct mm_struct *mm)
 int lg_account_locked_vm(struct mm_struct *mm, unsigned long pages, bool inc)
 {
 	return account_locked_vm(mm, pages, inc);
+}
+
+/* Pages mapped contiguously in the kernel's vmalloc area (the switcher blocks). */
+void *lg_vmap(struct page **pages, unsigned int count)
+{
+	return vmap(pages, count, VM_MAP, PAGE_KERNEL);
+}
+
+void lg_vunmap(void *addr)
+{
+	vunmap(addr);
+}
+
+/*
+ * This CPU's IST1-4 stack tops (double fault, NMI, #DB, #MC): host handlers
+ * that run while the switcher's TSS is current use the host's own stacks.
+ */
+void lg_host_ist(u64 *out)
+{
+	int i;
+
+	for (i = 0; i < 4; i++)
+		out[i] = this_cpu_read(cpu_tss_rw.x86_tss.ist[i]);
+}
+
+/*
+ * A machine check that hit the guest: the host's handler, told it came from
+ * user mode (as KVM tells it), so that an error in guest memory is the
+ * launcher's, not a kernel-mode one that panics the host.
+ */
+void lg_machine_check_user(unsigned long ip)
+{
+#ifdef CONFIG_X86_MCE
+	struct pt_regs regs = {
+		.cs = 3,
+		.flags = X86_EFLAGS_IF,
+		.ip = ip,
+	};
+
+	do_machine_check(&regs);
+#endif
+}
+
+/* Work is queued for the return to user mode (a memory-failure kill, say). */
+bool lg_notify_resume_pending(void)
+{
+	return test_thread_flag(TIF_NOTIFY_RESUME);
+}
+
+/*
+ * Hosts the switcher cannot run on, by what the kernel knows of itself:
+ * returns why, or NULL. With encrypted memory every page-table entry and
+ * CR3 need the encryption bit, which the shadow tables do not carry; TDX
+ * and SEV-ES guests take #VE/#VC exceptions on the switcher's MSR writes;
+ * under Xen PV lgdt, lidt and wrmsr fault.
+ */
+const char *lg_host_refusal(void)
+{
+	if (sme_me_mask)
+		return "memory encryption is active (AMD SME): shadow page tables would need the encryption bit";
+	if (cc_platform_has(CC_ATTR_HOST_MEM_ENCRYPT) || cc_platform_has(CC_ATTR_GUEST_MEM_ENCRYPT))
+		return "this host's memory is encrypted (an SEV, SEV-ES or SNP guest, or a confidential-computing host)";
+	if (cpu_feature_enabled(X86_FEATURE_TDX_GUEST))
+		return "this host is a TDX guest: the switcher's MSR and descriptor-table writes would raise #VE";
+	if (cpu_feature_enabled(X86_FEATURE_XENPV))
+		return "this host is a Xen PV guest: lgdt, lidt and wrmsr are not allowed";
+	return NULL;
+}
+
+/* User shadow stacks are on: the switcher keeps U_CET and PL3_SSP apart. */
+bool lg_user_shstk(void)
+{
+	return cpu_feature_enabled(X86_FEATURE_USER_SHSTK);
+}
+
+/* A Meltdown-affected CPU without page-table isolation. */
+bool lg_meltdown_without_pti(void)
+{
+	return boot_cpu_has_bug(X86_BUG_CPU_MELTDOWN) && !boot_cpu_has(X86_FEATURE_PTI);
 }

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * C helpers for lguest.ko: the kernel's static inlines and macros that Rust
- * cannot call directly (bindgen sees no body). Each is a one-line wrapper;
- * the Rust declarations are in helpers.rs, the only caller.
+ * cannot call directly (bindgen sees no body), the irqfd, and the host
+ * checks that need the kernel's feature macros. The Rust declarations are
+ * in helpers.rs, the only caller.
  */
 #ifndef LG_HELPERS_H
 #define LG_HELPERS_H
@@ -24,7 +25,6 @@ void *lg_page_address(struct page *page);
 unsigned long lg_gdt_rw(unsigned int cpu);
 int lg_signal_pending(void);
 void lg_cond_resched(void);
-bool lg_try_to_freeze(void);
 void lg_set_current_interruptible(void);
 void lg_set_current_running(void);
 void lg_schedule(void);
@@ -39,6 +39,14 @@ struct lg_irqfd *lg_irqfd_attach(int fd, void *data, unsigned int irq, int *err)
 void lg_irqfd_detach(struct lg_irqfd *irqfd);
 bool lg_irqfd_matches(struct lg_irqfd *irqfd, int fd);
 void lg_self_nmi(void);
+void *lg_vmap(struct page **pages, unsigned int count);
+void lg_vunmap(void *addr);
+void lg_host_ist(u64 *out);
+void lg_machine_check_user(unsigned long ip);
+bool lg_notify_resume_pending(void);
+const char *lg_host_refusal(void);
+bool lg_user_shstk(void);
+bool lg_meltdown_without_pti(void);
 
 struct eventfd_ctx;
 struct eventfd_ctx *lg_eventfd_get(int fd, int *err);

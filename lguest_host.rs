@@ -11,6 +11,7 @@
 //! - [`irq`]: interrupt sources: pending bits, the clock-event timer;
 //! - [`mm`]: pinned guest memory and shadow page tables;
 //! - [`paging`]: the guest's own page tables, shadowed on demand;
+//! - [`notify`]: guest notifications bound to eventfds (`LGUEST_IOEVENTFD`);
 //! - [`switcher`] (with `switcher_64.S`): the trip into the guest and back;
 //! - [`helpers`] (with `lg_helpers.c`): the few raw kernel calls;
 //! - [`uapi`]: the ABI shared with the launcher, the guest and the tests.
@@ -51,31 +52,21 @@ module! {
     license: "GPL",
 }
 
-/// The module: the misc device registration; the switcher is global
-/// (`switcher.rs`) and freed in `drop`.
-#[pin_data(PinnedDrop)]
+/// The module: the misc device registration, and the switcher (global, in
+/// `switcher.rs`), set up first and freed last; a failed registration frees
+/// it too, as pin-init drops the fields already made.
+#[pin_data]
 struct LguestModule {
     #[pin]
     _miscdev: MiscDeviceRegistration<dev::LguestFile>,
+    _switcher: switcher::SwitcherGuard,
 }
 
 impl kernel::InPlaceModule for LguestModule {
     fn init(_module: &'static ThisModule) -> impl PinInit<Self, Error> {
-        let checked = host::check_host().and_then(|()| switcher::Switcher::init());
         try_pin_init!(Self {
-            _miscdev <- {
-                checked?;
-                MiscDeviceRegistration::register(MiscDeviceOptions { name: c"lguest" })
-            },
+            _switcher: host::check_host().and_then(|()| switcher::SwitcherGuard::new())?,
+            _miscdev <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"lguest" }),
         })
-    }
-}
-
-#[pinned_drop]
-impl PinnedDrop for LguestModule {
-    fn drop(self: Pin<&mut Self>) {
-        // No file is open (each holds a module reference) and no new one can
-        // be opened while the module is going away.
-        switcher::Switcher::exit();
     }
 }

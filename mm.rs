@@ -8,10 +8,12 @@
 //! reach them, whatever the launcher does to its mappings afterwards: the
 //! guest keeps the pinned pages until the VM is destroyed, when the pins are
 //! released (`Drop`). The host's own accesses to guest memory (hypercall
-//! arguments, `lguest_data`, interrupt frames) go through the launcher's
-//! current mapping instead (`Vm::read_guest`), so after a `munmap` or
-//! `mremap` they fail with EFAULT and the guest is killed; they can never
-//! reach a page the guest does not own.
+//! arguments, `lguest_data`, interrupt frames, page walks) go through the
+//! same pinned pages ([`GuestMemory::read`], [`GuestMemory::write`]), so
+//! host and guest always see one memory. A launcher that maps something
+//! else over guest RAM (`mmap(MAP_FIXED)`, `mremap`, `munmap`) changes only
+//! what its own threads see: the guest and the module go on with the pages
+//! pinned at creation.
 //!
 //! The shadow tables are owned by one [`ShadowTable`]: every table page it
 //! allocated is in its `pages` list and freed with it. Nothing here is
@@ -21,6 +23,7 @@ use kernel::{
     alloc::flags::{
         __GFP_ZERO, //
         GFP_KERNEL,
+        GFP_KERNEL_ACCOUNT,
     },
     bindings,
     page::Page,
@@ -59,7 +62,9 @@ unsafe impl Sync for HostPage {}
 impl HostPage {
     /// Allocates a zeroed page.
     pub(crate) fn new() -> Result<Self> {
-        let page = Page::alloc_page(GFP_KERNEL | __GFP_ZERO)?;
+        // Charged to the memory cgroup of the task that asks (the launcher):
+        // shadow tables and run pages are its VM's memory.
+        let page = Page::alloc_page(GFP_KERNEL_ACCOUNT | __GFP_ZERO)?;
         // SAFETY: `page` owns a valid struct page.
         let phys = unsafe { helpers::page_to_phys(page.as_ptr()) };
         // SAFETY: As above; x86-64 has no highmem, so the address is valid
@@ -105,35 +110,32 @@ impl GuestMemory {
     /// Pins `size` bytes of the current process's memory at `base`.
     pub(crate) fn pin(base: u64, size: u64) -> Result<Self> {
         let npages = (size / PAGE_SIZE) as usize;
-        let mut pages = KVVec::with_capacity(npages, GFP_KERNEL)?;
         let mut mem = GuestMemory {
             base,
-            pages: KVVec::new(),
+            pages: KVVec::with_capacity(npages, GFP_KERNEL)?,
         };
-        let mut done = 0usize;
-        while done < npages {
-            let chunk = core::cmp::min(npages - done, 512);
+        while mem.pages.len() < npages {
+            let done = mem.pages.len();
+            let chunk = core::cmp::min(npages - done, 1 << 16);
             let start = base + (done as u64) * PAGE_SIZE;
-            let mut batch = [core::ptr::null_mut::<bindings::page>(); 512];
-            // SAFETY: `batch` has room for `chunk` pointers; the range is user
-            // memory of the current process (pin_user_pages_fast checks it).
+            let room = mem.pages.spare_capacity_mut();
+            // SAFETY: `room` has space for at least `chunk` pointers (the
+            // capacity is `npages`); the range is user memory of the current
+            // process (pin_user_pages_fast checks it). `usize` and
+            // `*mut page` have the same layout.
             let got = unsafe {
                 bindings::pin_user_pages_fast(
                     start as _,
                     chunk as i32,
                     bindings::FOLL_WRITE | bindings::FOLL_LONGTERM,
-                    batch.as_mut_ptr(),
+                    room.as_mut_ptr().cast(),
                 )
             };
             if got > 0 {
-                for p in &batch[..got as usize] {
-                    // Cannot fail: capacity reserved above.
-                    pages.push(*p as usize, GFP_KERNEL)?;
-                }
-                done += got as usize;
+                // SAFETY: pin_user_pages_fast wrote `got` page pointers.
+                unsafe { mem.pages.inc_len(got as usize) };
             }
             if got != chunk as i32 {
-                mem.pages = pages;
                 // Dropping `mem` unpins what we got.
                 return Err(if got < 0 {
                     Error::from_errno(got)
@@ -142,8 +144,51 @@ impl GuestMemory {
                 });
             }
         }
-        mem.pages = pages;
         Ok(mem)
+    }
+
+    /// The kernel address of guest-physical `gpa` and how many bytes of its
+    /// page follow it (at most `len`), if `gpa` is guest memory.
+    fn chunk(&self, gpa: u64, len: usize) -> Option<(*mut u8, usize)> {
+        let p = *self.pages.get((gpa / PAGE_SIZE) as usize)?;
+        let off = (gpa % PAGE_SIZE) as usize;
+        let n = core::cmp::min(len, PAGE_SIZE as usize - off);
+        // SAFETY: By the type invariant `p` is a pinned, valid struct page;
+        // x86-64 has no highmem, so its direct-map address is valid.
+        let va = unsafe { helpers::page_address(p as *mut bindings::page) };
+        Some((va.wrapping_add(off), n))
+    }
+
+    /// Copies guest memory at `gpa` into `buf` (`EFAULT` if it is not all
+    /// guest memory). The guest and the launcher may write it meanwhile:
+    /// the copy is of whatever is there, read once.
+    pub(crate) fn read(&self, gpa: u64, buf: &mut [u8]) -> Result {
+        let mut done = 0;
+        while done < buf.len() {
+            let at = gpa.checked_add(done as u64).ok_or(EFAULT)?;
+            let (va, n) = self.chunk(at, buf.len() - done).ok_or(EFAULT)?;
+            // SAFETY: `va` is `n` bytes of a pinned page (`chunk`), `buf`
+            // has `n` bytes from `done`. memcpy (not a Rust copy) because
+            // other CPUs may write guest memory at any time.
+            unsafe { bindings::memcpy(buf[done..].as_mut_ptr().cast(), va.cast(), n) };
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Copies `data` into guest memory at `gpa` (`EFAULT` if it is not all
+    /// guest memory).
+    pub(crate) fn write(&self, gpa: u64, data: &[u8]) -> Result {
+        let mut done = 0;
+        while done < data.len() {
+            let at = gpa.checked_add(done as u64).ok_or(EFAULT)?;
+            let (va, n) = self.chunk(at, data.len() - done).ok_or(EFAULT)?;
+            // SAFETY: As in `read`, the other way round; the page was pinned
+            // for writing (FOLL_WRITE) and is released dirty.
+            unsafe { bindings::memcpy(va.cast(), data[done..].as_ptr().cast(), n) };
+            done += n;
+        }
+        Ok(())
     }
 
     /// Size in bytes.
@@ -188,6 +233,8 @@ pub(crate) struct ShadowTable {
     pages: KVec<HostPage>,
     /// The CPU whose switcher block this table maps, if any (switcher.rs).
     pub(crate) mapped_cpu: Option<u32>,
+    /// Table pages the switcher's mappings took (not the guest's doing).
+    switcher_pages: usize,
 }
 
 impl ShadowTable {
@@ -198,6 +245,7 @@ impl ShadowTable {
             root: HostPage::new()?,
             pages: KVec::new(),
             mapped_cpu: None,
+            switcher_pages: 0,
         })
     }
 
@@ -209,6 +257,18 @@ impl ShadowTable {
     /// Number of table pages, the root included.
     pub(crate) fn table_pages(&self) -> usize {
         self.pages.len() + 1
+    }
+
+    /// Records that every table page so far belongs to the switcher's
+    /// mappings (called right after mapping it).
+    pub(crate) fn mark_switcher_pages(&mut self) {
+        self.switcher_pages = self.table_pages();
+    }
+
+    /// Table pages made for the guest's own mappings: what counts against
+    /// its budget.
+    pub(crate) fn guest_pages(&self) -> usize {
+        self.table_pages() - self.switcher_pages
     }
 
     fn index(va: u64, level: u32) -> usize {
@@ -247,7 +307,7 @@ impl ShadowTable {
             }
             let new = HostPage::new()?;
             let phys = new.phys();
-            self.pages.push(new, GFP_KERNEL)?;
+            self.pages.push(new, GFP_KERNEL_ACCOUNT)?;
             Self::set_entry(table, i, phys | upper);
             table = phys;
         }

@@ -57,6 +57,7 @@ use crate::{
         PTE_RW,
         PTE_US, //
     },
+    uapi,
     vm::Vm,
 };
 
@@ -142,7 +143,7 @@ pub(crate) fn flush(vm: &mut Vm) -> Result<(), Kill> {
 
 /// `LHCALL_SET_PTE(pgdir, va, pte)`: one entry changed: forget its page.
 pub(crate) fn set_pte(vm: &mut Vm, va: u64) -> Result<(), Kill> {
-    if vm.guest_root.is_none() || va >= 1 << 47 {
+    if vm.guest_root.is_none() || va >= uapi::GUEST_VA_END {
         return Ok(());
     }
     vm.shadow_unmap(va & !(PAGE_SIZE - 1));
@@ -222,7 +223,8 @@ pub(crate) fn demand_page(vm: &mut Vm, index: usize, va: u64, error: u64) -> Res
         // The linear map never changes: this is the guest's own fault.
         return Ok(Fault::Reflect(guest_error(error & PF_PRESENT != 0)));
     };
-    if va >= 1 << 47 {
+    // The last lower-half page is never mapped (see `uapi::GUEST_VA_END`).
+    if va >= uapi::GUEST_VA_END {
         return Ok(Fault::Reflect(guest_error(false)));
     }
 

@@ -3,14 +3,19 @@
 //! TSS, and [`Switcher::run_once`], which takes one trip into the guest.
 //!
 //! One [`Switcher`] exists while the module is loaded (created in module
-//! init, freed at exit when no file is open). Each possible CPU has a block
-//! of eight pages (layout in `switcher_64.S`); a block is only touched by its
-//! own CPU with interrupts off, so it needs no lock. The switcher's code is
-//! the page-aligned `.text.lguest_switcher` section of this module.
+//! init, freed at exit when no file is open). Each possible CPU has a
+//! [`CpuBlock`] of five pages (its layout is described in `switcher_64.S`,
+//! whose offsets are checked against the struct at compile time); a block
+//! is only touched by its own CPU with interrupts off, so it needs no lock.
+//! The switcher's code is the page-aligned `.text.lguest_switcher` section
+//! of this module.
 
-use core::sync::atomic::{
-    AtomicPtr,
-    Ordering, //
+use core::{
+    mem::offset_of,
+    sync::atomic::{
+        AtomicPtr,
+        Ordering, //
+    },
 };
 use kernel::{
     bindings,
@@ -19,6 +24,7 @@ use kernel::{
 
 use crate::{
     helpers,
+    irq::VcpuIrq,
     mm::{
         ShadowTable,
         PAGE_SIZE,
@@ -28,40 +34,36 @@ use crate::{
         PTE_P,
         PTE_RW, //
     },
-    uapi::LguestRegs,
+    uapi::{
+        self,
+        LguestRegs, //
+    },
 };
 
-/// Pages per CPU block, and the allocation order.
-const BLOCK_PAGES: u64 = 8;
-const BLOCK_ORDER: u32 = 3;
-
-/// Offsets in page 0 (see `switcher_64.S`).
-const HOST_CR3: usize = 8;
-const HOST_GDTR_RW: usize = 72;
-const HOST_IDTR: usize = 88;
-const GUEST_GDTR: usize = 120;
-const GUEST_IDTR: usize = 136;
-const GUEST_CR3: usize = 152;
-const NMI_PENDING: usize = 160;
-const MC_PENDING: usize = 168;
-const GUEST_FS_BASE: usize = 176;
-const GUEST_GS_BASE: usize = 184;
-const PKRU_ON: usize = 196;
-const GUEST_CR2: usize = 200;
-const ABORTED: usize = 208;
+/// Pages per CPU block; the first [`GUEST_BLOCK_PAGES`] are mapped in the
+/// guest's tables while this CPU runs it, the last (the host's saved
+/// state) never is.
+const BLOCK_PAGES: usize = 5;
+const GUEST_BLOCK_PAGES: usize = 4;
 /// The guest frame at the top of page 0: 22 quadwords.
 const FRAME: usize = 4096 - 22 * 8;
-/// Page 2: the GDT, then the TSS.
-const GDT: usize = 2 * 4096;
-const TSS: usize = GDT + 128;
-const IDT: usize = 4096;
 
 /// Kernel code and data selectors: the host's, so CS stays valid on return.
 const KERNEL_CS: u16 = 0x10;
+const KERNEL_DS: u16 = 0x18;
 /// Host GDT entry of the TSS.
 const GDT_ENTRY_TSS: usize = 8;
 /// Host GDT entry of the per-CPU segment.
 const GDT_ENTRY_CPUNODE: usize = 15;
+/// IST slots of our TSS that our own stubs use (1-4 are the host's).
+const IST_DB: u8 = 5;
+const IST_NMI: u8 = 6;
+const IST_MC: u8 = 7;
+/// Tops of our IST stacks, as offsets in page 3 (its first word is the
+/// block pointer).
+const IST_DB_TOP: usize = 1024;
+const IST_NMI_TOP: usize = 2560;
+const IST_MC_TOP: usize = 4096;
 
 /// Frame slots, in quadwords from `FRAME` (pushed by the exit path).
 mod slot {
@@ -101,15 +103,286 @@ const CR4_LA57: u64 = 1 << 12;
 /// EFER.NXE.
 const EFER_NXE: u64 = 1 << 11;
 
+/// A descriptor-table pointer as `lgdt`/`sgdt` use it.
+#[repr(C, packed)]
+#[derive(Clone, Copy, Default)]
+struct DescPtr {
+    limit: u16,
+    base: u64,
+}
+
+/// A 16-byte IDT gate.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Gate {
+    lo: u64,
+    hi: u64,
+}
+
+impl Gate {
+    /// An interrupt gate to `handler` in the kernel's code segment.
+    fn interrupt(handler: u64, ist: u8, dpl: u8) -> Self {
+        let attr = 0x8e | ((dpl as u64 & 3) << 5); // present, 64-bit interrupt gate
+        Gate {
+            lo: (handler & 0xffff)
+                | ((KERNEL_CS as u64) << 16)
+                | ((ist as u64 & 7) << 32)
+                | (attr << 40)
+                | (((handler >> 16) & 0xffff) << 48),
+            hi: handler >> 32,
+        }
+    }
+}
+
+/// Segment descriptors of our GDT.
+mod descriptor {
+    /// A flat code (`code` true, 64-bit) or data segment at privilege `dpl`.
+    pub(super) const fn flat(code: bool, dpl: u64) -> u64 {
+        let access = 0x80 | (dpl << 5) | 0x10 | if code { 0x0a } else { 0x02 };
+        let flags: u64 = if code { 0xa } else { 0xc }; // L (code) or D/B, and G
+        0xffff | (access << 40) | (0xf << 48) | (flags << 52)
+    }
+
+    /// The two quadwords of an available 64-bit TSS descriptor.
+    pub(super) const fn tss(base: u64, limit: u64) -> [u64; 2] {
+        [
+            (limit & 0xffff)
+                | ((base & 0xff_ffff) << 16)
+                | (0x89 << 40)
+                | (((limit >> 16) & 0xf) << 48)
+                | (((base >> 24) & 0xff) << 56),
+            base >> 32,
+        ]
+    }
+}
+
+/// The 64-bit TSS.
+#[repr(C, packed)]
+#[derive(Clone, Copy, Default)]
+struct Tss {
+    reserved0: u32,
+    rsp: [u64; 3],
+    reserved1: u64,
+    ist: [u64; 7],
+    reserved2: u64,
+    reserved3: u16,
+    iomap_base: u16,
+}
+
+/// Page 0: what the switcher needs while the guest's CR3 is live, and the
+/// guest register frame at its top.
+#[repr(C)]
+struct ExitPage {
+    self_ptr: u64,
+    host_cr3: u64,
+    nmi_pending: u64,
+    mc_pending: u64,
+    aborted: u64,
+    r0_fault: u64,
+    r0_vector: u64,
+    r0_error: u64,
+    r0_rip: u64,
+    r0_cr2: u64,
+    db_dr6: u64,
+    db_count: u64,
+    verw_sel: u16,
+    _pad: [u8; FRAME - 98],
+    frame: [u64; 22],
+}
+
+/// Page 2: our GDT and TSS.
+#[repr(C)]
+struct DescPage {
+    gdt: [u64; 16],
+    tss: Tss,
+    _pad: [u8; 4096 - 128 - 104],
+}
+
+/// Page 3: the IST stacks, found from the stack pointer by masking.
+#[repr(C)]
+struct IstPage {
+    self_ptr: u64,
+    _stacks: [u8; 4088],
+}
+
+/// Page 4: the host state saved at entry (never mapped in a guest).
+#[repr(C)]
+struct HostState {
+    rsp: u64,
+    cr0: u64,
+    efer: u64,
+    fs_base: u64,
+    gs_base: u64,
+    sysenter_cs: u64,
+    gdtr: DescPtr,
+    _p0: [u8; 6],
+    gdtr_rw: DescPtr,
+    _p1: [u8; 6],
+    idtr: DescPtr,
+    _p2: [u8; 6],
+    tr: u16,
+    ldt: u16,
+    ds: u16,
+    es: u16,
+    fs: u16,
+    gs: u16,
+    _p3: [u8; 4],
+    guest_gdtr: DescPtr,
+    _p4: [u8; 6],
+    guest_idtr: DescPtr,
+    _p5: [u8; 6],
+    guest_cr3: u64,
+    guest_fs_base: u64,
+    guest_gs_base: u64,
+    guest_cr2: u64,
+    pkru: u32,
+    pkru_on: u32,
+    cet_on: u32,
+    _p6: u32,
+    u_cet: u64,
+    pl3_ssp: u64,
+    _pad: [u8; 4096 - 208],
+}
+
+/// One CPU's block, as `switcher_64.S` sees it.
+#[repr(C, align(4096))]
+pub(crate) struct CpuBlock {
+    exit: ExitPage,
+    idt: [Gate; 256],
+    desc: DescPage,
+    ist: IstPage,
+    host: HostState,
+}
+
+const _: () = assert!(core::mem::size_of::<CpuBlock>() == BLOCK_PAGES * 4096);
+const _: () = assert!(offset_of!(CpuBlock, exit.frame) == FRAME);
+
+/// The switcher's source, whose `#define LG_*` lines give the offsets the
+/// assembly uses.
+const ASM: &[u8] = include_bytes!("switcher_64.S");
+
+/// Whether `src[at..]` starts with `what`.
+const fn starts_with(src: &[u8], at: usize, what: &[u8]) -> bool {
+    if at + what.len() > src.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < what.len() {
+        if src[at + i] != what[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// The value of `#define NAME <decimal>` in the switcher's source; fails
+/// the build if there is no such line.
+const fn asm_define(name: &str) -> usize {
+    let name = name.as_bytes();
+    let key = b"#define ";
+    let mut i = 0;
+    while i < ASM.len() {
+        if (i == 0 || ASM[i - 1] == b'\n')
+            && starts_with(ASM, i, key)
+            && starts_with(ASM, i + key.len(), name)
+        {
+            let mut j = i + key.len() + name.len();
+            if j < ASM.len() && (ASM[j] == b' ' || ASM[j] == b'\t') {
+                while j < ASM.len() && (ASM[j] == b' ' || ASM[j] == b'\t') {
+                    j += 1;
+                }
+                let mut v = 0;
+                let mut digits = 0;
+                while j < ASM.len() && ASM[j].is_ascii_digit() {
+                    v = v * 10 + (ASM[j] - b'0') as usize;
+                    j += 1;
+                    digits += 1;
+                }
+                assert!(digits > 0, "an LG_ define of switcher_64.S is not a decimal number");
+                return v;
+            }
+        }
+        i += 1;
+    }
+    panic!("an LG_ offset is missing from switcher_64.S");
+}
+
+/// Fails the build unless `switcher_64.S` defines `$name` as the offset of
+/// `$field` in [`CpuBlock`].
+macro_rules! asm_offset {
+    ($($name:literal => $($field:ident).+;)*) => {
+        $(const _: () = assert!(
+            asm_define($name) == offset_of!(CpuBlock, $($field).+),
+            concat!("switcher_64.S and struct CpuBlock disagree on ", $name)
+        );)*
+    };
+}
+
+asm_offset! {
+    "LG_SELF" => exit.self_ptr;
+    "LG_HOST_CR3" => exit.host_cr3;
+    "LG_NMI_PENDING" => exit.nmi_pending;
+    "LG_MC_PENDING" => exit.mc_pending;
+    "LG_ABORTED" => exit.aborted;
+    "LG_R0_FAULT" => exit.r0_fault;
+    "LG_R0_VECTOR" => exit.r0_vector;
+    "LG_R0_ERROR" => exit.r0_error;
+    "LG_R0_RIP" => exit.r0_rip;
+    "LG_R0_CR2" => exit.r0_cr2;
+    "LG_DB_DR6" => exit.db_dr6;
+    "LG_DB_COUNT" => exit.db_count;
+    "LG_VERW_SEL" => exit.verw_sel;
+    "LG_FRAME" => exit.frame;
+    "LG_GDT" => desc.gdt;
+    "LG_IST_PAGE" => ist;
+    "LG_HOST_RSP" => host.rsp;
+    "LG_HOST_CR0" => host.cr0;
+    "LG_HOST_EFER" => host.efer;
+    "LG_HOST_FS_BASE" => host.fs_base;
+    "LG_HOST_GS_BASE" => host.gs_base;
+    "LG_HOST_SYSENTER_CS" => host.sysenter_cs;
+    "LG_HOST_GDTR" => host.gdtr;
+    "LG_HOST_GDTR_RW" => host.gdtr_rw;
+    "LG_HOST_IDTR" => host.idtr;
+    "LG_HOST_TR" => host.tr;
+    "LG_HOST_LDT" => host.ldt;
+    "LG_HOST_DS" => host.ds;
+    "LG_HOST_ES" => host.es;
+    "LG_HOST_FS" => host.fs;
+    "LG_HOST_GS" => host.gs;
+    "LG_GUEST_GDTR" => host.guest_gdtr;
+    "LG_GUEST_IDTR" => host.guest_idtr;
+    "LG_GUEST_CR3" => host.guest_cr3;
+    "LG_GUEST_FS_BASE" => host.guest_fs_base;
+    "LG_GUEST_GS_BASE" => host.guest_gs_base;
+    "LG_GUEST_CR2" => host.guest_cr2;
+    "LG_HOST_PKRU" => host.pkru;
+    "LG_PKRU_ON" => host.pkru_on;
+    "LG_CET_ON" => host.cet_on;
+    "LG_HOST_U_CET" => host.u_cet;
+    "LG_HOST_PL3_SSP" => host.pl3_ssp;
+}
+
+const _: () = assert!(asm_define("LG_FRAME") + 22 * 8 == 4096);
+
 /// Why a trip into the guest ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Exit {
-    /// An NMI hit the entry: the guest did not run.
+    /// An NMI hit the entry, or an interrupt was raised for the guest
+    /// while the entry was being prepared: the guest did not run.
     Aborted,
     /// A host interrupt (or NMI, #MC) came; the host has handled it.
     HostEvent,
     /// The guest trapped: `vector`, `error` code, and CR2 for #PF.
     Trap { vector: u64, error: u64, cr2: u64 },
+    /// The guest's RIP or RSP is not an address it may run at: it was not
+    /// entered.
+    BadState { rip: u64, rsp: u64 },
+    /// The switcher itself took exception `vector` in ring 0, at switcher
+    /// offset `offset` (an iretq the guest arranged to fault, say). Nothing
+    /// of the guest's registers is known any more.
+    SwitcherFault { vector: u64, error: u64, offset: u64 },
 }
 
 /// The per-vCPU state the switcher loads and saves.
@@ -127,140 +400,158 @@ impl GuestCpu {
     pub(crate) fn sanitize_flags(flags: u64) -> u64 {
         (flags & RFLAGS_GUEST_MASK) | RFLAGS_FIXED
     }
-}
 
-/// One CPU's block: eight physically contiguous pages.
-struct CpuBlock {
-    page: *mut bindings::page,
-    va: *mut u8,
-    phys: u64,
+    /// Whether the guest may be entered with these RIP and RSP: RIP below
+    /// [`uapi::GUEST_VA_END`], RSP at most that (an empty stack whose top is
+    /// the end of the last usable page). The iretq into the guest would
+    /// fault in ring 0 on a non-canonical RIP.
+    pub(crate) fn enterable(rip: u64, rsp: u64) -> bool {
+        rip < uapi::GUEST_VA_END && rsp <= uapi::GUEST_VA_END
+    }
 }
 
 impl CpuBlock {
-    fn new(cpu: u32) -> Result<Self> {
-        // SAFETY: alloc_pages may be called from process context.
-        let page = unsafe {
-            bindings::alloc_pages(bindings::GFP_KERNEL | bindings::__GFP_ZERO, BLOCK_ORDER)
+    /// Fills in a zeroed block at `addr`: the guest GDT, TSS and IDT, which
+    /// never change afterwards, and the fixed fields.
+    fn init(&mut self, addr: u64, cet: bool, pkru: bool) {
+        let at = |off: usize| addr + off as u64;
+        self.exit.self_ptr = addr;
+        self.ist.self_ptr = addr;
+        self.exit.verw_sel = KERNEL_DS;
+
+        // GDT: the host's selectors for kernel code/data and user data/code,
+        // and (copied at each entry) the host's per-CPU segment, which a
+        // host NMI or #MC handler running on our GDT reads with `lsl`.
+        let gdt = &mut self.desc.gdt;
+        gdt[2] = descriptor::flat(true, 0); // 0x10 kernel CS64
+        gdt[3] = descriptor::flat(false, 0); // 0x18 kernel DS
+        gdt[5] = descriptor::flat(false, 3); // 0x2b user DS
+        gdt[6] = descriptor::flat(true, 3); // 0x33 user CS64
+        let tss_addr = at(offset_of!(CpuBlock, desc.tss));
+        let [lo, hi] = descriptor::tss(tss_addr, core::mem::size_of::<Tss>() as u64 - 1);
+        gdt[GDT_ENTRY_TSS] = lo;
+        gdt[GDT_ENTRY_TSS + 1] = hi;
+        self.host.guest_gdtr = DescPtr {
+            limit: (16 * 8 - 1) as u16,
+            base: at(offset_of!(CpuBlock, desc.gdt)),
         };
-        if page.is_null() {
-            return Err(ENOMEM);
-        }
-        // SAFETY: `page` heads a valid allocation of `BLOCK_PAGES` pages.
-        let (va, phys) = unsafe { (helpers::page_address(page), helpers::page_to_phys(page)) };
-        let b = CpuBlock { page, va, phys };
-        b.init(cpu);
-        Ok(b)
-    }
 
-    fn put_u64(&self, off: usize, v: u64) {
-        debug_assert!(off + 8 <= (BLOCK_PAGES * PAGE_SIZE) as usize);
-        // SAFETY: `off` is inside the block we own (all offsets used are
-        // constants below 32 KiB); unaligned is fine on x86.
-        unsafe { self.va.add(off).cast::<u64>().write_unaligned(v) }
-    }
-
-    fn get_u64(&self, off: usize) -> u64 {
-        // SAFETY: As in `put_u64`.
-        unsafe { self.va.add(off).cast::<u64>().read_unaligned() }
-    }
-
-    fn put_u16(&self, off: usize, v: u16) {
-        // SAFETY: As in `put_u64`.
-        unsafe { self.va.add(off).cast::<u16>().write_unaligned(v) }
-    }
-
-    fn put_u32(&self, off: usize, v: u32) {
-        // SAFETY: As in `put_u64`.
-        unsafe { self.va.add(off).cast::<u32>().write_unaligned(v) }
-    }
-
-    fn put_u8(&self, off: usize, v: u8) {
-        // SAFETY: As in `put_u64`.
-        unsafe { self.va.add(off).write(v) }
-    }
-
-    fn addr(&self, off: usize) -> u64 {
-        self.va as u64 + off as u64
-    }
-
-    /// Builds the guest GDT, TSS and IDT; they never change afterwards.
-    fn init(&self, cpu: u32) {
-        // GDT: the host's selectors for kernel code/data and user data/code.
-        self.put_u64(GDT + 2 * 8, 0x00af_9b00_0000_ffff); // 0x10 kernel CS64
-        self.put_u64(GDT + 3 * 8, 0x00cf_9300_0000_ffff); // 0x18 kernel DS
-        self.put_u64(GDT + 5 * 8, 0x00cf_f300_0000_ffff); // 0x2b user DS
-        self.put_u64(GDT + 6 * 8, 0x00af_fb00_0000_ffff); // 0x33 user CS64
-                                                          // The host's per-CPU segment (CPU and node in its limit): a host NMI
-                                                          // handler running on our GDT reads it when the CPU lacks RDPID.
-        let host_gdt = helpers::gdt_rw(cpu) as *const u64;
-        // SAFETY: The host GDT of a possible CPU has GDT_ENTRIES (16)
-        // entries; entry 15 is GDT_ENTRY_CPUNODE.
-        self.put_u64(GDT + GDT_ENTRY_CPUNODE * 8, unsafe {
-            host_gdt.add(GDT_ENTRY_CPUNODE).read()
-        });
-        let tss = self.addr(TSS);
-        let limit: u64 = 104 - 1;
-        let low = (limit & 0xffff)
-            | ((tss & 0xff_ffff) << 16)
-            | (0x89 << 40) // present, 64-bit TSS (available)
-            | (((limit >> 16) & 0xf) << 48)
-            | (((tss >> 24) & 0xff) << 56);
-        self.put_u64(GDT + GDT_ENTRY_TSS * 8, low);
-        self.put_u64(GDT + GDT_ENTRY_TSS * 8 + 8, tss >> 32);
-        self.put_u16(GUEST_GDTR, 16 * 8 - 1);
-        self.put_u64(GUEST_GDTR + 2, self.addr(GDT));
-
-        // TSS: RSP0 at the top of page 0; IST6 (our NMI) in the middle of
-        // page 3, IST7 (our #MC, #DF) at its top; IST1-5, which the host's
-        // IDT uses, at the top of pages 4-7 (see switcher_64.S). No I/O
-        // bitmap (its base is beyond the limit).
-        self.put_u64(TSS + 4, self.addr(4096));
-        for i in 0..5 {
-            self.put_u64(TSS + 36 + 8 * i, self.addr(8 * 4096));
-        }
-        self.put_u64(TSS + 36 + 8 * 5, self.addr(3 * 4096 + 2048));
-        self.put_u64(TSS + 36 + 8 * 6, self.addr(4 * 4096));
-        self.put_u16(TSS + 102, 104);
+        // TSS: RSP0 at the top of page 0; our IST stacks in page 3; IST1-4
+        // are the host's, copied at each entry. No I/O bitmap (its base is
+        // beyond the limit).
+        let ist_page = offset_of!(CpuBlock, ist);
+        let mut ist = [0u64; 7];
+        ist[IST_DB as usize - 1] = at(ist_page + IST_DB_TOP);
+        ist[IST_NMI as usize - 1] = at(ist_page + IST_NMI_TOP);
+        ist[IST_MC as usize - 1] = at(ist_page + IST_MC_TOP);
+        self.desc.tss = Tss {
+            rsp: [at(4096), 0, 0],
+            ist,
+            iomap_base: core::mem::size_of::<Tss>() as u16,
+            ..Tss::default()
+        };
 
         // IDT: every vector to its stub; int3, into and the hypercall vector
         // may be raised from ring 3. Not 0x80, the guest's system-call
         // vector: the host may use it for a device interrupt (without
         // IA32 emulation), so `int $0x80` comes as #GP (interrupts.rs).
         let stubs = helpers::idt_stubs() as u64;
-        for v in 0..256usize {
-            let handler = stubs + 32 * v as u64;
-            let ist: u8 = match v {
-                2 => 6,
-                8 | 18 => 7,
+        for (v, gate) in self.idt.iter_mut().enumerate() {
+            let ist = match v {
+                1 => IST_DB,
+                2 => IST_NMI,
+                8 | 18 => IST_MC,
                 _ => 0,
             };
-            let dpl3 = v == 3 || v == 4 || v == crate::uapi::LGUEST_TRAP_ENTRY as usize;
-            let off = IDT + 16 * v;
-            self.put_u16(off, handler as u16);
-            self.put_u16(off + 2, KERNEL_CS);
-            self.put_u8(off + 4, ist);
-            self.put_u8(off + 5, if dpl3 { 0xee } else { 0x8e });
-            self.put_u16(off + 6, (handler >> 16) as u16);
-            self.put_u32(off + 8, (handler >> 32) as u32);
-            self.put_u32(off + 12, 0);
+            let dpl3 = v == 3 || v == 4 || v == uapi::LGUEST_TRAP_ENTRY as usize;
+            *gate = Gate::interrupt(stubs + 32 * v as u64, ist, if dpl3 { 3 } else { 0 });
         }
-        self.put_u16(GUEST_IDTR, 256 * 16 - 1);
-        self.put_u64(GUEST_IDTR + 2, self.addr(IDT));
+        self.host.guest_idtr = DescPtr {
+            limit: (256 * 16 - 1) as u16,
+            base: at(offset_of!(CpuBlock, idt)),
+        };
+        self.host.cet_on = cet as u32;
+        self.host.pkru_on = pkru as u32;
     }
 }
 
-impl Drop for CpuBlock {
+/// The per-CPU blocks: `BLOCK_PAGES` pages per possible CPU, mapped
+/// contiguously in the vmalloc area, so that mapping room for all of them
+/// in a shadow table costs one table page per 102 CPUs.
+struct Blocks {
+    /// Every page, CPU by CPU.
+    pages: KVec<*mut bindings::page>,
+    /// The `vmap` of `pages`.
+    base: *mut CpuBlock,
+}
+
+impl Blocks {
+    fn new(ncpus: usize, cet: bool, pkru: bool) -> Result<Self> {
+        let n = ncpus * BLOCK_PAGES;
+        let mut b = Blocks {
+            pages: KVec::with_capacity(n, GFP_KERNEL)?,
+            base: core::ptr::null_mut(),
+        };
+        for _ in 0..n {
+            // SAFETY: alloc_pages may be called from process context.
+            let page = unsafe { bindings::alloc_pages(bindings::GFP_KERNEL | bindings::__GFP_ZERO, 0) };
+            if page.is_null() {
+                return Err(ENOMEM);
+            }
+            // Room was reserved above.
+            b.pages.push(page, GFP_KERNEL)?;
+        }
+        // SAFETY: The pages are ours and live as long as `b` (see `drop`).
+        let base = unsafe { helpers::vmap(&mut b.pages) };
+        if base.is_null() {
+            return Err(ENOMEM);
+        }
+        b.base = base.cast();
+        for cpu in 0..ncpus {
+            let addr = b.addr(cpu);
+            // SAFETY: Block `cpu` lies in the mapping just made, zeroed (a
+            // valid `CpuBlock`: integers only), and nothing else uses it yet.
+            unsafe { &mut *b.base.add(cpu) }.init(addr, cet, pkru);
+        }
+        Ok(b)
+    }
+
+    /// The host (and guest) address of `cpu`'s block.
+    fn addr(&self, cpu: usize) -> u64 {
+        self.base as u64 + (cpu * BLOCK_PAGES) as u64 * PAGE_SIZE
+    }
+
+    /// Physical address of page `p` of `cpu`'s block.
+    fn phys(&self, cpu: usize, p: usize) -> Option<u64> {
+        let page = *self.pages.get(cpu * BLOCK_PAGES + p)?;
+        // SAFETY: `page` is one of our allocated pages.
+        Some(unsafe { helpers::page_to_phys(page) })
+    }
+
+    /// Size of the whole area, in bytes.
+    fn len(&self) -> u64 {
+        self.pages.len() as u64 * PAGE_SIZE
+    }
+}
+
+impl Drop for Blocks {
     fn drop(&mut self) {
-        // SAFETY: `page` was allocated with this order in `new`.
-        unsafe { bindings::__free_pages(self.page, BLOCK_ORDER) };
+        if !self.base.is_null() {
+            // SAFETY: `base` came from `vmap` in `new`; nobody uses it now.
+            unsafe { helpers::vunmap(self.base.cast()) };
+        }
+        for &page in self.pages.iter() {
+            // SAFETY: Each page was allocated with order 0 in `new`.
+            unsafe { bindings::__free_pages(page, 0) };
+        }
     }
 }
 
 /// The switcher: its text pages and one block per possible CPU.
 pub(crate) struct Switcher {
-    blocks: KVec<CpuBlock>,
+    blocks: Blocks,
+    ncpus: usize,
     text: KVec<(u64, u64)>,
-    pkru: bool,
     pcid: bool,
     levels: u32,
 }
@@ -273,52 +564,73 @@ unsafe impl Sync for Switcher {}
 
 static SWITCHER: AtomicPtr<Switcher> = AtomicPtr::new(core::ptr::null_mut());
 
+/// The switcher's lifetime, held by the module: made at load, freed when
+/// dropped (at unload, when no file is open, or when a later part of the
+/// module's init failed).
+pub(crate) struct SwitcherGuard(());
+
+impl SwitcherGuard {
+    pub(crate) fn new() -> Result<Self> {
+        Switcher::init()?;
+        Ok(SwitcherGuard(()))
+    }
+}
+
+impl Drop for SwitcherGuard {
+    fn drop(&mut self) {
+        Switcher::exit();
+    }
+}
+
 impl Switcher {
     /// Sets up the switcher at module load.
-    pub(crate) fn init() -> Result {
+    fn init() -> Result {
         let cr4 = helpers::read_cr4();
         if helpers::read_efer() & EFER_NXE == 0 {
             pr_err!("EFER.NXE is off; the switcher needs no-execute pages\n");
             return Err(ENODEV);
         }
-        let ncpus = kernel::cpu::nr_cpu_ids();
-        let mut blocks = KVec::with_capacity(ncpus as usize, GFP_KERNEL)?;
-        for cpu in 0..ncpus {
-            blocks.push(CpuBlock::new(cpu)?, GFP_KERNEL)?;
-        }
+        let ncpus = kernel::cpu::nr_cpu_ids() as usize;
+        let cet = helpers::user_shstk();
+        let blocks = Blocks::new(ncpus, cet, cr4 & CR4_PKE != 0)?;
         let (start, end) = helpers::switcher_text();
         let mut text = KVec::new();
         let mut va = start as u64;
         while va < end as u64 {
             // SAFETY: `va` lies in this module's text, which is vmalloc-mapped.
             let pfn = unsafe { bindings::vmalloc_to_pfn(va as *const _) } as u64;
+            if pfn == 0 {
+                pr_err!("the switcher's text at {:#x} has no page\n", va);
+                return Err(EINVAL);
+            }
             text.push((va, pfn << 12), GFP_KERNEL)?;
             va += PAGE_SIZE;
         }
         let s = KBox::new(
             Switcher {
                 blocks,
+                ncpus,
                 text,
-                pkru: cr4 & CR4_PKE != 0,
                 pcid: cr4 & CR4_PCIDE != 0,
                 levels: if cr4 & CR4_LA57 != 0 { 5 } else { 4 },
             },
             GFP_KERNEL,
         )?;
         pr_info!(
-            "switcher at {:#x} ({} text pages), {} CPUs, {}-level paging{}\n",
+            "switcher at {:#x} ({} text pages), {} CPUs, {}-level paging{}{}\n",
             start,
             s.text.len(),
             ncpus,
             s.levels,
-            if s.pcid { ", PCID" } else { "" }
+            if s.pcid { ", PCID" } else { "" },
+            if cet { ", user shadow stacks" } else { "" }
         );
         SWITCHER.store(KBox::into_raw(s), Ordering::Release);
         Ok(())
     }
 
-    /// Frees the switcher at module exit.
-    pub(crate) fn exit() {
+    /// Frees the switcher at module exit (or after a failed init).
+    fn exit() {
         let p = SWITCHER.swap(core::ptr::null_mut(), Ordering::AcqRel);
         if !p.is_null() {
             // SAFETY: `p` came from KBox::into_raw in `init`; no file is open
@@ -347,108 +659,147 @@ impl Switcher {
         for &(va, phys) in self.text.iter() {
             shadow.map(va, phys | PTE_P | PTE_A, upper)?;
         }
-        for b in self.blocks.iter() {
-            for p in 0..BLOCK_PAGES {
-                shadow.map(b.va as u64 + p * PAGE_SIZE, 0, upper)?;
-            }
+        let base = self.blocks.addr(0);
+        let mut off = 0;
+        while off < self.blocks.len() {
+            shadow.map(base + off, 0, upper)?;
+            // One entry per page table is enough to create the tables.
+            off += 512 * PAGE_SIZE - (base + off) % (512 * PAGE_SIZE);
         }
+        let last = base + self.blocks.len() - PAGE_SIZE;
+        shadow.map(last, 0, upper)?;
         Ok(())
     }
 
-    /// Makes `shadow` map `cpu`'s block and no other.
-    fn map_block(&self, shadow: &mut ShadowTable, cpu: u32) -> Result {
-        if shadow.mapped_cpu == Some(cpu) {
+    /// Makes `shadow` map pages 0-3 of `cpu`'s block and no other block.
+    fn map_block(&self, shadow: &mut ShadowTable, cpu: usize) -> Result {
+        if shadow.mapped_cpu == Some(cpu as u32) {
             return Ok(());
         }
         if let Some(old) = shadow.mapped_cpu.take() {
-            let b = self.blocks.get(old as usize).ok_or(EINVAL)?;
-            for p in 0..BLOCK_PAGES {
-                shadow.set_existing(b.va as u64 + p * PAGE_SIZE, 0)?;
+            let va = self.blocks.addr(old as usize);
+            for p in 0..GUEST_BLOCK_PAGES {
+                shadow.set_existing(va + (p as u64) * PAGE_SIZE, 0)?;
             }
         }
-        let b = self.blocks.get(cpu as usize).ok_or(EINVAL)?;
-        for p in 0..BLOCK_PAGES {
-            let pte = (b.phys + p * PAGE_SIZE) | PTE_P | PTE_RW | PTE_A | PTE_D | PTE_NX;
-            shadow.set_existing(b.va as u64 + p * PAGE_SIZE, pte)?;
+        let va = self.blocks.addr(cpu);
+        for p in 0..GUEST_BLOCK_PAGES {
+            let phys = self.blocks.phys(cpu, p).ok_or(EINVAL)?;
+            let pte = phys | PTE_P | PTE_RW | PTE_A | PTE_D | PTE_NX;
+            shadow.set_existing(va + (p as u64) * PAGE_SIZE, pte)?;
         }
-        shadow.mapped_cpu = Some(cpu);
+        shadow.mapped_cpu = Some(cpu as u32);
         Ok(())
     }
 
-    /// Takes one trip into the guest and back.
-    pub(crate) fn run_once(&self, shadow: &mut ShadowTable, vcpu: &mut GuestCpu) -> Result<Exit> {
+    /// Takes one trip into the guest and back. `irq` is the vCPU's
+    /// interrupt state and `seen` its raise count when the run loop last
+    /// looked for interrupts to deliver: if anything was raised since, the
+    /// entry is abandoned (`Exit::Aborted`) so that the run loop looks again
+    /// rather than leaving the interrupt waiting for the next exit.
+    pub(crate) fn run_once(
+        &self,
+        shadow: &mut ShadowTable,
+        vcpu: &mut GuestCpu,
+        irq: &VcpuIrq,
+        seen: u64,
+    ) -> Result<Exit> {
+        let r = vcpu.regs;
+        if !GuestCpu::enterable(r.rip, r.rsp) {
+            return Ok(Exit::BadState { rip: r.rip, rsp: r.rsp });
+        }
         let _irqs_off = helpers::IrqGuard::new();
-        let cpu = helpers::cpu_id();
+        if irq.raised() != seen {
+            return Ok(Exit::Aborted);
+        }
+        let cpu = helpers::cpu_id() as usize;
+        if cpu >= self.ncpus {
+            return Err(EINVAL);
+        }
         self.map_block(shadow, cpu)?;
-        let b = self.blocks.get(cpu as usize).ok_or(EINVAL)?;
-
-        let noflush = if self.pcid { 1u64 << 63 } else { 0 };
-        b.put_u64(HOST_CR3, helpers::read_cr3() | noflush);
-        b.put_u64(HOST_GDTR_RW + 2, helpers::gdt_rw(cpu) as u64);
-        b.put_u64(GUEST_CR3, shadow.root_phys());
-        b.put_u32(PKRU_ON, self.pkru as u32);
-        b.put_u64(GUEST_FS_BASE, vcpu.fs_base);
-        b.put_u64(GUEST_GS_BASE, vcpu.gs_base);
-        b.put_u64(NMI_PENDING, 0);
-        b.put_u64(MC_PENDING, 0);
-        let r = &vcpu.regs;
-        let frame = |s: usize| FRAME + 8 * s;
-        for (s, v) in [
-            (slot::R15, r.r15),
-            (slot::R14, r.r14),
-            (slot::R13, r.r13),
-            (slot::R12, r.r12),
-            (slot::R11, r.r11),
-            (slot::R10, r.r10),
-            (slot::R9, r.r9),
-            (slot::R8, r.r8),
-            (slot::RBP, r.rbp),
-            (slot::RDI, r.rdi),
-            (slot::RSI, r.rsi),
-            (slot::RDX, r.rdx),
-            (slot::RCX, r.rcx),
-            (slot::RBX, r.rbx),
-            (slot::RAX, r.rax),
-            (slot::VECTOR, 0),
-            (slot::ERROR, 0),
-            (slot::RIP, r.rip),
-            (slot::CS, crate::uapi::LGUEST_GUEST_CS),
-            (slot::RFLAGS, GuestCpu::sanitize_flags(r.rflags)),
-            (slot::RSP, r.rsp),
-            (slot::SS, crate::uapi::LGUEST_GUEST_SS),
-        ] {
-            b.put_u64(frame(s), v);
+        let block = self.blocks.base.wrapping_add(cpu);
+        {
+            // SAFETY: `block` is this CPU's block (in the vmap made in
+            // `Blocks::new`); with interrupts off only this code and the
+            // switcher, which is not running, touch it.
+            let b = unsafe { &mut *block };
+            let noflush = if self.pcid { 1u64 << 63 } else { 0 };
+            b.exit.host_cr3 = helpers::read_cr3() | noflush;
+            b.exit.nmi_pending = 0;
+            b.exit.mc_pending = 0;
+            b.exit.r0_fault = 0;
+            b.host.gdtr_rw.base = helpers::gdt_rw(cpu as u32) as u64;
+            b.host.guest_cr3 = shadow.root_phys();
+            b.host.guest_fs_base = vcpu.fs_base;
+            b.host.guest_gs_base = vcpu.gs_base;
+            // The host's per-CPU segment and IST1-4 stacks, as they are now
+            // (a CPU brought up after the module loaded has them only now).
+            let host_gdt = helpers::gdt_rw(cpu as u32) as *const u64;
+            // SAFETY: The host GDT of a possible CPU has GDT_ENTRIES (16)
+            // entries; entry 15 is GDT_ENTRY_CPUNODE.
+            b.desc.gdt[GDT_ENTRY_CPUNODE] = unsafe { host_gdt.add(GDT_ENTRY_CPUNODE).read() };
+            let mut ist = b.desc.tss.ist;
+            ist[..4].copy_from_slice(&helpers::host_ist());
+            b.desc.tss.ist = ist;
+            let f = &mut b.exit.frame;
+            f[slot::R15] = r.r15;
+            f[slot::R14] = r.r14;
+            f[slot::R13] = r.r13;
+            f[slot::R12] = r.r12;
+            f[slot::R11] = r.r11;
+            f[slot::R10] = r.r10;
+            f[slot::R9] = r.r9;
+            f[slot::R8] = r.r8;
+            f[slot::RBP] = r.rbp;
+            f[slot::RDI] = r.rdi;
+            f[slot::RSI] = r.rsi;
+            f[slot::RDX] = r.rdx;
+            f[slot::RCX] = r.rcx;
+            f[slot::RBX] = r.rbx;
+            f[slot::RAX] = r.rax;
+            f[slot::VECTOR] = 0;
+            f[slot::ERROR] = 0;
+            f[slot::RIP] = r.rip;
+            f[slot::CS] = uapi::LGUEST_GUEST_CS;
+            f[slot::RFLAGS] = GuestCpu::sanitize_flags(r.rflags);
+            f[slot::RSP] = r.rsp;
+            f[slot::SS] = uapi::LGUEST_GUEST_SS;
         }
 
-        // SAFETY: Interrupts are off (`_irqs_off`), `b` is this CPU's block,
-        // set up in `CpuBlock::init` and just now, and `shadow` maps the
-        // switcher text (`map_into`) and this block (`map_block`).
-        unsafe { helpers::switch_to_guest(b.va) };
+        // SAFETY: Interrupts are off (`_irqs_off`), `block` is this CPU's
+        // block, set up in `CpuBlock::init` and just now, and `shadow` maps
+        // the switcher text (`map_into`) and this block (`map_block`).
+        unsafe { helpers::switch_to_guest(block.cast()) };
 
-        let aborted = b.get_u64(ABORTED) != 0;
-        let vector = b.get_u64(frame(slot::VECTOR));
-        if !aborted {
+        // SAFETY: As above: the switcher has returned, so this code is again
+        // the only user of the block.
+        let b = unsafe { &mut *block };
+        let aborted = b.exit.aborted != 0;
+        let fault = b.exit.r0_fault != 0;
+        let f = &b.exit.frame;
+        let vector = if aborted || fault { 0 } else { f[slot::VECTOR] };
+        if !aborted && !fault {
             let r = &mut vcpu.regs;
-            r.r15 = b.get_u64(frame(slot::R15));
-            r.r14 = b.get_u64(frame(slot::R14));
-            r.r13 = b.get_u64(frame(slot::R13));
-            r.r12 = b.get_u64(frame(slot::R12));
-            r.r11 = b.get_u64(frame(slot::R11));
-            r.r10 = b.get_u64(frame(slot::R10));
-            r.r9 = b.get_u64(frame(slot::R9));
-            r.r8 = b.get_u64(frame(slot::R8));
-            r.rbp = b.get_u64(frame(slot::RBP));
-            r.rdi = b.get_u64(frame(slot::RDI));
-            r.rsi = b.get_u64(frame(slot::RSI));
-            r.rdx = b.get_u64(frame(slot::RDX));
-            r.rcx = b.get_u64(frame(slot::RCX));
-            r.rbx = b.get_u64(frame(slot::RBX));
-            r.rax = b.get_u64(frame(slot::RAX));
-            r.rip = b.get_u64(frame(slot::RIP));
-            r.rflags = b.get_u64(frame(slot::RFLAGS));
-            r.rsp = b.get_u64(frame(slot::RSP));
-            vcpu.fs_base = b.get_u64(GUEST_FS_BASE);
-            vcpu.gs_base = b.get_u64(GUEST_GS_BASE);
+            r.r15 = f[slot::R15];
+            r.r14 = f[slot::R14];
+            r.r13 = f[slot::R13];
+            r.r12 = f[slot::R12];
+            r.r11 = f[slot::R11];
+            r.r10 = f[slot::R10];
+            r.r9 = f[slot::R9];
+            r.r8 = f[slot::R8];
+            r.rbp = f[slot::RBP];
+            r.rdi = f[slot::RDI];
+            r.rsi = f[slot::RSI];
+            r.rdx = f[slot::RDX];
+            r.rcx = f[slot::RCX];
+            r.rbx = f[slot::RBX];
+            r.rax = f[slot::RAX];
+            r.rip = f[slot::RIP];
+            r.rflags = f[slot::RFLAGS];
+            r.rsp = f[slot::RSP];
+            vcpu.fs_base = b.host.guest_fs_base;
+            vcpu.gs_base = b.host.guest_gs_base;
         }
 
         // NMIs and machine checks are never dropped: whether they hit the
@@ -459,10 +810,10 @@ impl Switcher {
         // stub recorded in ring 0 was followed by the stub's iretq, so NMIs
         // are unblocked: `int 2` would run the handler open to a second NMI
         // in its first instructions, so a real NMI is sent instead.
-        let guest_nmi = !aborted && vector == 2;
-        let ring0_nmi = b.get_u64(NMI_PENDING) != 0;
-        let nmi = guest_nmi || ring0_nmi;
-        let mc = b.get_u64(MC_PENDING) != 0 || (!aborted && vector == 18);
+        let guest_nmi = vector == 2;
+        let ring0_nmi = b.exit.nmi_pending != 0;
+        let guest_mc = vector == 18;
+        let ring0_mc = b.exit.mc_pending != 0;
         if guest_nmi {
             // SAFETY: Runs the host's NMI handler through the host IDT (now
             // loaded again), as the kernel did for KVM before FRED.
@@ -470,14 +821,28 @@ impl Switcher {
         } else if ring0_nmi {
             helpers::self_nmi();
         }
-        if mc {
-            // SAFETY: As above, for the machine-check handler.
+        if ring0_mc {
+            // SAFETY: As above, for the machine-check handler: the #MC hit
+            // the switcher, kernel code.
             unsafe { core::arch::asm!("int 18") };
+        }
+        if guest_mc {
+            // A machine check in the guest is the launcher's, as for any
+            // user process: the handler may queue a kill for it.
+            helpers::machine_check_user(vcpu.regs.rip);
+        }
+        if fault {
+            let (start, _) = helpers::switcher_text();
+            return Ok(Exit::SwitcherFault {
+                vector: b.exit.r0_vector,
+                error: b.exit.r0_error,
+                offset: b.exit.r0_rip.wrapping_sub(start as u64),
+            });
         }
         if aborted {
             return Ok(Exit::Aborted);
         }
-        if nmi || mc {
+        if guest_nmi || ring0_nmi || guest_mc || ring0_mc {
             return Ok(Exit::HostEvent);
         }
         if vector == 1 {
@@ -488,22 +853,23 @@ impl Switcher {
                 core::arch::asm!("mov dr6, {}", in(reg) 0xffff_0ff0u64, options(nomem, nostack))
             };
         }
-        if vector >= 32 && vector != crate::uapi::LGUEST_TRAP_ENTRY as u64 {
+        if vector >= 32 && vector != uapi::LGUEST_TRAP_ENTRY as u64 {
+            let idt = b.host.idtr.base;
             // Last: the handler returns with interrupts on (see
             // switcher_64.S), so nothing of this CPU's block is used after.
-            self.deliver_to_host(b, vector);
+            Self::deliver_to_host(idt, vector);
             return Ok(Exit::HostEvent);
         }
         Ok(Exit::Trap {
             vector,
-            error: b.get_u64(frame(slot::ERROR)),
-            cr2: b.get_u64(GUEST_CR2),
+            error: f[slot::ERROR],
+            cr2: b.host.guest_cr2,
         })
     }
 
-    /// Runs the host's handler for external interrupt `vector`.
-    fn deliver_to_host(&self, b: &CpuBlock, vector: u64) {
-        let idt = b.get_u64(HOST_IDTR + 2);
+    /// Runs the host's handler for external interrupt `vector`, from the
+    /// host IDT at `idt`.
+    fn deliver_to_host(idt: u64, vector: u64) {
         let gate = (idt + 16 * vector) as *const u8;
         // SAFETY: `gate` is inside the host IDT (its base from sidt, vector
         // below 256), which is always mapped and readable.
@@ -516,7 +882,11 @@ impl Switcher {
             )
         };
         if attr & 0x80 == 0 {
-            return; // Not present: nothing the host expects to run.
+            // Linux fills every gate, so this cannot happen; if it did,
+            // the interrupt would stay unacknowledged (a module cannot
+            // reach the APIC's EOI): say so once.
+            pr_warn_once!("host IDT has no gate for vector {}: interrupt not acknowledged\n", vector);
+            return;
         }
         // SAFETY: Interrupts are still off and the interrupt arrived on this
         // CPU while the guest ran; the handler is the host's own gate. Our

@@ -4,36 +4,58 @@
  * and back.
  *
  * Everything here runs with interrupts disabled, called from switcher.rs,
- * which prepared a per-CPU block of eight pages (CpuBlock in switcher.rs,
- * whose offset constants must match the #defines below):
+ * which prepared this CPU's block (struct CpuBlock in switcher.rs: its
+ * field offsets are checked against the LG_* defines below when the module
+ * is compiled, so the two cannot drift apart). The block is five pages,
+ * of which the first four are mapped into the guest's tables while this
+ * CPU runs it:
  *
- *   page 0  host state saved at entry, then the guest register frame at the
- *           very top; TSS.RSP0 points at the end of the page, so a trap from
- *           the guest pushes its frame right there.
+ *   page 0  the exit page: a pointer to the block, the host CR3, the NMI,
+ *           #MC, abort and ring-0 fault records, and the guest register
+ *           frame at the very top; TSS.RSP0 points at the end of the page,
+ *           so a trap from the guest pushes its frame right there.
  *   page 1  the guest IDT: 256 gates, one stub each (lguest_idt_stubs).
  *   page 2  the guest GDT (same selectors as the host's, and the host's
  *           per-CPU segment) and the guest TSS.
- *   page 3  our two IST stacks: NMI (IST6), #MC and #DF (IST7).
- *   pages 4-7  the stack for IST1-5, which only host handlers use: an NMI
- *           or #MC in the few instructions where the host's IDT is loaded
- *           while our TSS is current (between ltr and lidt on entry, lidt
- *           and ltr on exit).
+ *   page 3  our IST stacks: #DB (IST5), NMI (IST6), #MC and #DF (IST7);
+ *           IST1-4 are the host's own stacks, copied from its TSS at each
+ *           entry, for the host handlers that may run on our TSS (an NMI or
+ *           #MC between ltr and lidt on entry, lidt and ltr on exit).
+ *   page 4  the host state saved at entry: never in the guest's tables.
+ *           Only page 0's host CR3 is read before CR3 is the host's again.
  *
  * The code lives in its own page-aligned section so that it can be mapped,
  * alone, into every guest's shadow page tables at the address it has in the
- * host. The block is mapped at its host address too, only while this CPU
- * runs that guest. Nothing else of the host is reachable from the guest's
- * address space.
+ * host. Nothing else of the host is reachable from the guest's address
+ * space.
  *
- * The one trick worth knowing before reading on: between loading the guest
- * IDT and the iretq into the guest, an NMI lands on our IDT while we are still
- * in ring 0. The NMI stub then rewrites the interrupted RIP to
- * lguest_entry_abort, which unwinds as if the guest had taken an NMI at its
- * first instruction. The host handles the NMI and simply tries again. An NMI
- * on the way out is remembered in the block and handled once home.
+ * What is live where (CR3, GDT, TSS, IDT; GS base):
+ *
+ *   lguest_switch_to_guest .. lgdt          host all
+ *   lgdt .. ltr                             host CR3/TSS/IDT, our GDT
+ *   ltr .. lidt                             host CR3/IDT, our GDT/TSS
+ *   lidt .. mov cr3                         host CR3, ours otherwise
+ *   mov cr3 .. iretq                        all ours (guest GS base)
+ *   guest                                   all ours
+ *   stub .. lguest_restore_host's cr3       all ours
+ *   cr3 .. lidt                             host CR3/GDT/GS, our TSS/IDT
+ *   lidt .. ltr                             host CR3/GDT/IDT, our TSS
+ *   ltr ..                                  host all
+ *
+ * Two tricks are worth knowing before reading on. Between loading the
+ * guest IDT and the iretq into the guest, an NMI lands on our IDT while we
+ * are still in ring 0: the NMI stub then rewrites the interrupted RIP to
+ * lguest_entry_abort, which unwinds as if the guest had not run at all; the
+ * host handles the NMI and simply tries again. And every exception the
+ * switcher itself takes in ring 0 (a #GP of the iretq, say) is told apart
+ * from a guest exit by the CS it interrupted, recorded in the exit page and
+ * ends the trip without a word of it read as guest state.
  */
 #include <linux/linkage.h>
+#include <linux/objtool.h>
 #include <asm/asm.h>
+#include <asm/alternative.h>
+#include <asm/cpufeatures.h>
 #include <asm/msr-index.h>
 #include <asm/processor-flags.h>
 #include <asm/segment.h>
@@ -43,46 +65,65 @@
 #include <asm/page_types.h>
 #include <asm/smap.h>
 
-/* Offsets into page 0 (struct LgHostState in switcher.rs). */
-#define LG_HOST_RSP		0
+/*
+ * Offsets into the block. Plain decimal numbers: switcher.rs reads these
+ * lines at compile time and checks each against its struct.
+ */
+/* Page 0, the exit page (mapped in the guest's tables too). */
+#define LG_SELF			0	/* the block's address (also page 3's first word) */
 #define LG_HOST_CR3		8
-#define LG_HOST_CR0		16
-#define LG_HOST_EFER		24
-#define LG_HOST_FS_BASE		32
-#define LG_HOST_GS_BASE		40
-#define LG_HOST_SYSENTER_CS	48
-#define LG_HOST_GDTR		56	/* 10 bytes: limit, base (read-only alias) */
-#define LG_HOST_GDTR_RW		72	/* 10 bytes: the writable alias */
-#define LG_HOST_IDTR		88	/* 10 bytes */
-#define LG_HOST_TR		104
-#define LG_HOST_LDT		106
-#define LG_HOST_DS		108
-#define LG_HOST_ES		110
-#define LG_HOST_FS		112
-#define LG_HOST_GS		114
-#define LG_GUEST_GDTR		120
-#define LG_GUEST_IDTR		136
-#define LG_GUEST_CR3		152
-#define LG_NMI_PENDING		160
-#define LG_MC_PENDING		168
-#define LG_GUEST_FS_BASE	176
-#define LG_GUEST_GS_BASE	184
-#define LG_HOST_PKRU		192
-#define LG_PKRU_ON		196
-#define LG_GUEST_CR2		200
-#define LG_ABORTED		208
-
+#define LG_NMI_PENDING		16
+#define LG_MC_PENDING		24
+#define LG_ABORTED		32
+#define LG_R0_FAULT		40	/* nonzero: an exception hit the switcher in ring 0 */
+#define LG_R0_VECTOR		48
+#define LG_R0_ERROR		56
+#define LG_R0_RIP		64
+#define LG_R0_CR2		72
+#define LG_DB_DR6		80	/* DR6 of the last #DB taken in ring 0 */
+#define LG_DB_COUNT		88
+#define LG_VERW_SEL		96	/* a data selector for VERW (CPU buffer clearing) */
 /* The guest frame: 22 quadwords ending at the top of page 0. */
+#define LG_FRAME		3920
 #define LG_FRAME_SIZE		(22 * 8)
-#define LG_FRAME		(PAGE_SIZE - LG_FRAME_SIZE)
-#define LG_FRAME_VECTOR		(LG_FRAME + 15 * 8)
 
 /* Page 2: our GDT, with the TSS descriptor where the host has it. */
-#define LG_GDT			(2 * PAGE_SIZE)
+#define LG_GDT			8192
 #define LG_TSS_SEL		(GDT_ENTRY_TSS * 8)
 
-/* Page 3: the IST stacks; the block is found from either by masking. */
-#define LG_IST_PAGE		(3 * PAGE_SIZE)
+/* Page 3: the IST stacks; the block is found from any of them by masking. */
+#define LG_IST_PAGE		12288
+
+/* Page 4: the host's state (never mapped in the guest). */
+#define LG_HOST_RSP		16384
+#define LG_HOST_CR0		16392
+#define LG_HOST_EFER		16400
+#define LG_HOST_FS_BASE		16408
+#define LG_HOST_GS_BASE		16416
+#define LG_HOST_SYSENTER_CS	16424
+#define LG_HOST_GDTR		16432	/* 10 bytes: limit, base (read-only alias) */
+#define LG_HOST_GDTR_RW		16448	/* 10 bytes: the writable alias */
+#define LG_HOST_IDTR		16464	/* 10 bytes */
+#define LG_HOST_TR		16480
+#define LG_HOST_LDT		16482
+#define LG_HOST_DS		16484
+#define LG_HOST_ES		16486
+#define LG_HOST_FS		16488
+#define LG_HOST_GS		16490
+#define LG_GUEST_GDTR		16496
+#define LG_GUEST_IDTR		16512
+#define LG_GUEST_CR3		16528
+#define LG_GUEST_FS_BASE	16536
+#define LG_GUEST_GS_BASE	16544
+#define LG_GUEST_CR2		16552
+#define LG_HOST_PKRU		16560
+#define LG_PKRU_ON		16564
+#define LG_CET_ON		16568
+#define LG_HOST_U_CET		16576
+#define LG_HOST_PL3_SSP		16584
+
+/* DR6 with nothing recorded. */
+#define DR6_RESERVED		0xffff0ff0
 
 /* Loads MSR \msr from the 64-bit slot at \off(%rdi). Clobbers eax, ecx, edx. */
 .macro WRMSR_FROM msr, off
@@ -100,16 +141,33 @@
 	mov	%edx, \off+4(%rdi)
 .endm
 
+/* Reads MSR \msr into \reg. Clobbers eax, ecx, edx. */
+.macro RDMSR_REG msr, reg
+	mov	$\msr, %ecx
+	rdmsr
+	shl	$32, %rdx
+	or	%rdx, %rax
+	mov	%rax, \reg
+.endm
+
+/* \reg := the block, from a stack pointer anywhere in page 0 or page 3. */
+.macro BLOCK_FROM_RSP reg
+	mov	%rsp, \reg
+	and	$PAGE_MASK, \reg
+	mov	LG_SELF(\reg), \reg
+.endm
+
 	.pushsection .text.lguest_switcher, "ax"
 	.balign PAGE_SIZE
 SYM_INNER_LABEL(lguest_switcher_start, SYM_L_GLOBAL)
 
 /*
- * void lguest_switch_to_guest(struct lg_cpu_block *block)
+ * void lguest_switch_to_guest(struct CpuBlock *block)
  *
  * Enters the guest whose registers are in the block's frame and whose shadow
- * page table root is block->guest_cr3, and returns when the guest traps, is
- * interrupted, or an NMI aborted the entry. Interrupts must be off.
+ * page table root is block->host.guest_cr3, and returns when the guest
+ * traps, is interrupted, an NMI aborted the entry, or the switcher faulted.
+ * Interrupts must be off.
  */
 SYM_FUNC_START(lguest_switch_to_guest)
 	ENDBR
@@ -147,6 +205,12 @@ SYM_FUNC_START(lguest_switch_to_guest)
 	rdpkru
 	mov	%eax, LG_HOST_PKRU(%rdi)
 1:
+	/* User shadow stacks: the launcher's (or the last task's) CET state. */
+	cmpl	$0, LG_CET_ON(%rdi)
+	je	1f
+	RDMSR_TO MSR_IA32_U_CET, LG_HOST_U_CET
+	RDMSR_TO MSR_IA32_PL3_SSP, LG_HOST_PL3_SSP
+1:
 	/*
 	 * From here on RSP is the guest frame, which the stub of an NMI can
 	 * find, and every step up to the iretq can be undone by
@@ -160,7 +224,8 @@ SYM_INNER_LABEL(lguest_entry_window, SYM_L_GLOBAL)
 	 * GDT, then TSS, then IDT: whenever our IDT is live, so is our TSS,
 	 * so our NMI and #MC stubs always land on our IST stacks. A host NMI
 	 * between lgdt and lidt runs on our GDT (which carries the host's
-	 * per-CPU segment) and on our TSS's spare IST stacks.
+	 * per-CPU segment) and on the host's own IST stacks (IST1-4 of our
+	 * TSS are copies of the host's).
 	 */
 	lgdt	LG_GUEST_GDTR(%rdi)
 	/* Our TSS may be marked busy from the last entry: ltr needs it free. */
@@ -196,11 +261,19 @@ SYM_INNER_LABEL(lguest_entry_window, SYM_L_GLOBAL)
 	xor	%edx, %edx
 	wrpkru
 2:
+	/* No user shadow stack (nor user IBT) for the guest. */
+	cmpl	$0, LG_CET_ON(%rdi)
+	je	2f
+	mov	$MSR_IA32_U_CET, %ecx
+	xor	%eax, %eax
+	xor	%edx, %edx
+	wrmsr
+2:
 	/* The guest has no FPU: any x87/SSE instruction raises #NM. */
 	mov	%cr0, %rax
 	or	$X86_CR0_TS, %rax
 	mov	%rax, %cr0
-	/* Last, the guest's address space. Only this page and the block remain. */
+	/* Last, the guest's address space. Only this text and pages 0-3 remain. */
 	mov	LG_GUEST_CR3(%rdi), %rax
 	mov	%rax, %cr3
 
@@ -220,6 +293,13 @@ SYM_INNER_LABEL(lguest_entry_window, SYM_L_GLOBAL)
 	pop	%rbx
 	pop	%rax
 	add	$16, %rsp		/* vector and error code */
+	/*
+	 * The kernel's exit-to-user CPU buffer clearing (MDS, TAA, MMIO stale
+	 * data, RFDS, TSA), as the last thing before ring 3. RSP is fixed here
+	 * (the frame's RIP slot), so the selector in the exit page is found
+	 * from it. VERW clobbers ZF; the iretq reloads RFLAGS.
+	 */
+	ALTERNATIVE "", "verw (LG_VERW_SEL - LG_FRAME - 17 * 8)(%rsp)", X86_FEATURE_CLEAR_CPU_BUF
 SYM_INNER_LABEL(lguest_iretq, SYM_L_GLOBAL)
 	iretq
 SYM_INNER_LABEL(lguest_entry_window_end, SYM_L_GLOBAL)
@@ -238,13 +318,19 @@ SYM_INNER_LABEL(lguest_host_return, SYM_L_LOCAL)
 	pop	%rbp
 	RET
 SYM_FUNC_END(lguest_switch_to_guest)
+_ASM_NOKPROBE(lguest_switch_to_guest)
 
 /*
  * Every way out of the guest ends here, on the guest frame (RSP0 stack) with
- * the vector and the error code already pushed.
+ * the vector and the error code already pushed:
+ * 0(%rsp) vector, 8 error, 16 RIP, 24 CS, 32 RFLAGS, 40 RSP, 48 SS.
+ * An exception the switcher itself took in ring 0 (its CS is the kernel's)
+ * is not a guest exit: lguest_switcher_fault records it.
  */
 SYM_CODE_START_LOCAL(lguest_exit_common)
 	UNWIND_HINT_UNDEFINED
+	testb	$3, 24(%rsp)
+	jz	lguest_switcher_fault
 	push	%rax
 	push	%rbx
 	push	%rcx
@@ -261,15 +347,44 @@ SYM_CODE_START_LOCAL(lguest_exit_common)
 	push	%r14
 	push	%r15
 	ASM_CLAC				/* the guest may run with AC set */
-	mov	%rsp, %rdi
-	and	$PAGE_MASK, %rdi		/* the block */
-	/* CR2 before anything else could fault. */
-	mov	%cr2, %rax
-	mov	%rax, LG_GUEST_CR2(%rdi)
-	RDMSR_TO MSR_FS_BASE, LG_GUEST_FS_BASE
-	RDMSR_TO MSR_GS_BASE, LG_GUEST_GS_BASE
+	BLOCK_FROM_RSP %rdi
+	/*
+	 * CR2 before anything else could fault, and the guest's FS/GS bases,
+	 * in registers: the host page that keeps them is not mapped yet.
+	 */
+	mov	%cr2, %r12
+	RDMSR_REG MSR_FS_BASE, %r13
+	RDMSR_REG MSR_GS_BASE, %r14
+	mov	$1, %r15d
 	jmp	lguest_restore_host
 SYM_CODE_END(lguest_exit_common)
+_ASM_NOKPROBE(lguest_exit_common)
+
+/*
+ * An exception in ring 0 on our IDT: a bug in the switcher, or something a
+ * guest arranged (an iretq to a bad frame). The frame the CPU pushed sits
+ * on whatever stack was current (page 0 or page 3, found by masking); its
+ * vector, error code, RIP and CR2 are recorded and the host comes back.
+ * Nothing of the guest frame is trusted afterwards.
+ */
+SYM_CODE_START_LOCAL(lguest_switcher_fault)
+	UNWIND_HINT_UNDEFINED
+	ASM_CLAC
+	BLOCK_FROM_RSP %rdi
+	mov	(%rsp), %rax
+	mov	%rax, LG_R0_VECTOR(%rdi)
+	mov	8(%rsp), %rax
+	mov	%rax, LG_R0_ERROR(%rdi)
+	mov	16(%rsp), %rax
+	mov	%rax, LG_R0_RIP(%rdi)
+	mov	%cr2, %rax
+	mov	%rax, LG_R0_CR2(%rdi)
+	movq	$1, LG_R0_FAULT(%rdi)
+	lea	LG_FRAME(%rdi), %rsp
+	xor	%r15d, %r15d
+	jmp	lguest_restore_host
+SYM_CODE_END(lguest_switcher_fault)
+_ASM_NOKPROBE(lguest_switcher_fault)
 
 /*
  * An NMI interrupted the entry: give up on it. The frame still holds the
@@ -278,18 +393,48 @@ SYM_CODE_END(lguest_exit_common)
 SYM_CODE_START_LOCAL(lguest_entry_abort)
 	UNWIND_HINT_UNDEFINED
 	ENDBR
-	mov	%rsp, %rdi
-	and	$PAGE_MASK, %rdi
+	BLOCK_FROM_RSP %rdi
 	lea	LG_FRAME(%rdi), %rsp
 	movq	$1, LG_ABORTED(%rdi)
+	xor	%r15d, %r15d
 	jmp	lguest_restore_host
 SYM_CODE_END(lguest_entry_abort)
+_ASM_NOKPROBE(lguest_entry_abort)
 
-/* Puts the host back, CR3 first; %rdi is the block. */
+/*
+ * Puts the host back, CR3 first; %rdi is the block, RSP in page 0. With
+ * %r15 set, %r12-%r14 hold the guest's CR2, FS base and GS base.
+ */
 SYM_CODE_START_LOCAL(lguest_restore_host)
 	UNWIND_HINT_UNDEFINED
 	mov	LG_HOST_CR3(%rdi), %rax
 	mov	%rax, %cr3
+	/*
+	 * Speculation: this is the kernel's entry from user mode, so it does
+	 * what entry_64.S does there, before the first RET: return-stack
+	 * untraining (Retbleed, SRSO), the IBPB of ibpb-on-entry, and the
+	 * branch-history clearing (BHI). IBRS needs nothing: SPEC_CTRL keeps
+	 * the kernel's value while the guest runs.
+	 */
+	VALIDATE_UNRET_END
+	CALL_UNTRAIN_RET
+	ALTERNATIVE "", "call lguest_ibpb", X86_FEATURE_ENTRY_IBPB
+	ALTERNATIVE_2 "", "call lguest_clear_bhb_loop", X86_FEATURE_CLEAR_BHB_LOOP, \
+		"call lguest_clear_bhb_loop", X86_FEATURE_CLEAR_BHB_VMEXIT
+	test	%r15d, %r15d
+	jz	1f
+	mov	%r12, LG_GUEST_CR2(%rdi)
+	mov	%r13, LG_GUEST_FS_BASE(%rdi)
+	mov	%r14, LG_GUEST_GS_BASE(%rdi)
+1:
+	cmpl	$0, LG_CET_ON(%rdi)
+	je	2f
+	WRMSR_FROM MSR_IA32_U_CET, LG_HOST_U_CET
+	WRMSR_FROM MSR_IA32_PL3_SSP, LG_HOST_PL3_SSP
+2:
+	/* CR0 (TS) before a host handler can run on the host IDT. */
+	mov	LG_HOST_CR0(%rdi), %rax
+	mov	%rax, %cr0
 	/*
 	 * The host's GDT (its writable alias), its selectors and its FS/GS
 	 * bases come back while our IDT is still live: from the host's lidt
@@ -323,23 +468,72 @@ SYM_CODE_START_LOCAL(lguest_restore_host)
 	xor	%edx, %edx
 	wrpkru
 3:
-	mov	LG_HOST_CR0(%rdi), %rax
-	mov	%rax, %cr0
 	mov	LG_HOST_RSP(%rdi), %rsp
 	jmp	lguest_host_return
 SYM_CODE_END(lguest_restore_host)
+_ASM_NOKPROBE(lguest_restore_host)
 
 /*
- * NMI (IST6) and #MC (IST7) arrive on their own stacks. From the guest, the
- * hardware frame is copied to where a normal trap would have put it and we
- * leave like any other exit. From ring 0 (inside the switcher), the event is
- * recorded in the block for the host to handle once home, and if it hit the
- * entry window the entry is aborted.
+ * IBPB, as the kernel's write_ibpb (which is exported to KVM only): an
+ * indirect branch prediction barrier, and the return stack stuffed where
+ * IBPB leaves return predictions alone. Clobbers eax, ecx, edx.
+ */
+SYM_FUNC_START_LOCAL(lguest_ibpb)
+	ANNOTATE_NOENDBR
+	mov	$MSR_IA32_PRED_CMD, %ecx
+	mov	$PRED_CMD_IBPB, %eax
+	xor	%edx, %edx
+	wrmsr
+	FILL_RETURN_BUFFER %rax, RSB_CLEAR_LOOPS, X86_BUG_IBPB_NO_RET
+	RET
+SYM_FUNC_END(lguest_ibpb)
+_ASM_NOKPROBE(lguest_ibpb)
+
+/*
+ * The kernel's clear_bhb_loop (entry_64.S, exported to KVM only), the same
+ * sequence: branches that push the guest's branch history out of the
+ * predictor. Clobbers eax, ecx.
+ */
+SYM_FUNC_START_LOCAL(lguest_clear_bhb_loop)
+	ANNOTATE_NOENDBR
+	push	%rbp
+	mov	%rsp, %rbp
+	movl	$5, %ecx
+	ANNOTATE_INTRA_FUNCTION_CALL
+	call	1f
+	jmp	5f
+	.align 64, 0xcc
+	.skip 32 - (.Llg_ret1 - 1f), 0xcc
+	ANNOTATE_INTRA_FUNCTION_CALL
+1:	call	2f
+.Llg_ret1:	RET
+	.align 64, 0xcc
+	.skip 32 - 18, 0xcc
+2:	movl	$5, %eax
+3:	jmp	4f
+	nop
+4:	sub	$1, %eax
+	jnz	3b
+	sub	$1, %ecx
+	jnz	1b
+.Llg_ret2:	RET
+5:	lfence
+	pop	%rbp
+	RET
+SYM_FUNC_END(lguest_clear_bhb_loop)
+STACK_FRAME_NON_STANDARD(lguest_clear_bhb_loop)
+_ASM_NOKPROBE(lguest_clear_bhb_loop)
+
+/*
+ * #DB (IST5), NMI (IST6) and #MC (IST7) arrive on their own stacks. From
+ * the guest, the hardware frame is copied to where a normal trap would have
+ * put it and we leave like any other exit. From ring 0 (inside the
+ * switcher), \ring0 deals with it and returns to where it hit.
  *
  * On entry the stub has pushed the error code (0) and the vector:
  * 0(%rsp) vector, 8 error, 16 RIP, 24 CS, 32 RFLAGS, 40 RSP, 48 SS.
  */
-.macro IST_EVENT name, pending
+.macro IST_EVENT name, ring0
 SYM_CODE_START_LOCAL(\name)
 	UNWIND_HINT_UNDEFINED
 	testb	$3, 24(%rsp)
@@ -347,9 +541,8 @@ SYM_CODE_START_LOCAL(\name)
 	/* From the guest: move the 7-quadword frame to the top of page 0. */
 	push	%rax
 	push	%rdi
-	mov	%rsp, %rax
-	and	$PAGE_MASK, %rax
-	sub	$(LG_IST_PAGE - PAGE_SIZE + 7 * 8), %rax
+	BLOCK_FROM_RSP %rax
+	add	$(LG_FRAME + 15 * 8), %rax
 	.irp i, 0, 1, 2, 3, 4, 5, 6
 	mov	(16 + \i * 8)(%rsp), %rdi
 	mov	%rdi, (\i * 8)(%rax)
@@ -362,40 +555,67 @@ SYM_CODE_START_LOCAL(\name)
 .L\name\()_ring0:
 	push	%rax
 	push	%rdi
-	mov	%rsp, %rdi
-	and	$PAGE_MASK, %rdi
-	sub	$LG_IST_PAGE, %rdi
-	movq	$1, \pending(%rdi)
-	mov	32(%rsp), %rax			/* interrupted RIP */
-	lea	lguest_entry_window(%rip), %rdi
-	cmp	%rdi, %rax
-	jb	.L\name\()_out
-	lea	lguest_entry_window_end(%rip), %rdi
-	cmp	%rdi, %rax
-	jae	.L\name\()_out
-	lea	lguest_entry_abort(%rip), %rax
-	mov	%rax, 32(%rsp)
-.L\name\()_out:
+	BLOCK_FROM_RSP %rdi
+	/* Now 0(%rsp) rdi, 8 rax, 16 vector, 24 error, 32 RIP, 40 CS, 48 RFLAGS. */
+	\ring0
 	pop	%rdi
 	pop	%rax
 	add	$16, %rsp
 	iretq
 SYM_CODE_END(\name)
+_ASM_NOKPROBE(\name)
 .endm
 
-IST_EVENT lguest_nmi, LG_NMI_PENDING
-IST_EVENT lguest_mc, LG_MC_PENDING
+/*
+ * An NMI or #MC in ring 0 is recorded for the host to handle once home; if
+ * it hit the entry window, the entry is aborted.
+ */
+.macro RING0_PENDING pending
+	movq	$1, \pending(%rdi)
+	mov	32(%rsp), %rax			/* interrupted RIP */
+	lea	lguest_entry_window(%rip), %rdi
+	cmp	%rdi, %rax
+	jb	.Lout\@
+	lea	lguest_entry_window_end(%rip), %rdi
+	cmp	%rdi, %rax
+	jae	.Lout\@
+	lea	lguest_entry_abort(%rip), %rax
+	mov	%rax, 32(%rsp)
+.Lout\@:
+.endm
 
-/* A double fault inside the switcher is a bug we cannot recover from. */
-SYM_CODE_START_LOCAL(lguest_df)
-	UNWIND_HINT_UNDEFINED
-1:	hlt
-	jmp	1b
-SYM_CODE_END(lguest_df)
+/*
+ * A #DB in ring 0 comes from a data breakpoint the launcher armed on its
+ * own thread, deferred past a guest's `mov ss` to the first instruction of
+ * a stub (CVE-2018-8897), or from a kernel breakpoint: as Linux does for a
+ * kernel-mode #DB on a user address, record DR6, clear it, and go on with
+ * TF clear. The guest's exit then proceeds as if nothing had happened.
+ */
+.macro RING0_DEBUG
+	mov	%dr6, %rax
+	mov	%rax, LG_DB_DR6(%rdi)
+	incq	LG_DB_COUNT(%rdi)
+	mov	$DR6_RESERVED, %eax
+	mov	%rax, %dr6
+	andq	$~X86_EFLAGS_TF, 48(%rsp)
+.endm
+
+IST_EVENT lguest_db, RING0_DEBUG
+.macro RING0_NMI
+	RING0_PENDING LG_NMI_PENDING
+.endm
+
+.macro RING0_MC
+	RING0_PENDING LG_MC_PENDING
+.endm
+
+IST_EVENT lguest_nmi, RING0_NMI
+IST_EVENT lguest_mc, RING0_MC
 
 /*
  * One 32-byte stub per vector: push a zero error code where the CPU does not
- * push one, push the vector, and leave.
+ * push one, push the vector, and leave. A double fault (IST7) can only be
+ * the switcher's own, wherever it came from.
  */
 #define LG_STUB_SIZE 32
 	.balign LG_STUB_SIZE
@@ -409,18 +629,21 @@ SYM_CODE_START(lguest_idt_stubs)
 	pushq	$0
 	.endif
 	pushq	$vector
-	.if vector == 2
+	.if vector == 1
+	jmp	lguest_db
+	.elseif vector == 2
 	jmp	lguest_nmi
 	.elseif vector == 18
 	jmp	lguest_mc
 	.elseif vector == 8
-	jmp	lguest_df
+	jmp	lguest_switcher_fault
 	.else
 	jmp	lguest_exit_common
 	.endif
 	vector = vector + 1
 	.endr
 SYM_CODE_END(lguest_idt_stubs)
+_ASM_NOKPROBE(lguest_idt_stubs)
 
 	.balign PAGE_SIZE
 SYM_INNER_LABEL(lguest_switcher_end, SYM_L_GLOBAL)

@@ -4,25 +4,24 @@
 //!
 //! A [`Vm`] lives inside the open file's lock (see `dev.rs`); every method
 //! here is called with that lock held, so the VM needs no lock of its own.
-//! RUN holds the lock for as long as the guest runs; the launcher kicks it
-//! with a signal (and `immediate_exit`), not with another ioctl.
+//! RUN holds the lock while the guest runs, but not while a halted vCPU
+//! sleeps ([`RunStep::Sleep`]); the launcher kicks a running vCPU with a
+//! signal (and `immediate_exit`), not with another ioctl.
 
+use core::sync::atomic::{
+    AtomicU64,
+    Ordering, //
+};
 use kernel::{
-    current,
     prelude::*,
-    sync::{
-        aref::ARef,
-        Arc, //
-    },
-    uaccess::{
-        UserPtr,
-        UserSlice, //
-    }, //
+    str::CString,
+    sync::Arc, //
 };
 
 use crate::{
     hcall::{
         self,
+        kill,
         Kill, //
     },
     helpers,
@@ -74,6 +73,16 @@ pub(crate) enum UserExit {
     Halt,
 }
 
+/// How a call of [`Vm::run`] ended.
+pub(crate) enum RunStep {
+    /// RUN returns this (0: the exit is in the run page).
+    Exit(isize),
+    /// The vCPU is halted and none of the interrupts not in `blocked` is
+    /// pending: sleep until one is raised (or a signal comes), then run
+    /// again.
+    Sleep { blocked: u64 },
+}
+
 /// One vCPU.
 pub(crate) struct Vcpu {
     /// Registers and what the switcher needs.
@@ -121,14 +130,21 @@ impl ShadowPair {
         let sw = Switcher::get()?;
         let mut kernel = ShadowTable::new(sw.levels())?;
         sw.map_into(&mut kernel)?;
+        kernel.mark_switcher_pages();
         let mut user = ShadowTable::new(sw.levels())?;
         sw.map_into(&mut user)?;
+        user.mark_switcher_pages();
         Ok(Self { kernel, user })
     }
 
     /// Table pages in both.
     fn pages(&self) -> usize {
         self.kernel.table_pages() + self.user.table_pages()
+    }
+
+    /// Table pages in both that the guest's mappings made (its budget).
+    fn guest_pages(&self) -> usize {
+        self.kernel.guest_pages() + self.user.guest_pages()
     }
 
     /// Forgets guest-virtual page `va` in both.
@@ -211,13 +227,31 @@ impl Vm {
         let size = cfg.mem_size + cfg.device_pages * PAGE_SIZE;
         let npages = (size / PAGE_SIZE) as usize;
         owner.account_locked(npages, true)?;
-        let mem = match GuestMemory::pin(cfg.mem_base, size) {
-            Ok(mem) => mem,
+        match Self::pin_and_map(cfg.mem_base, size) {
+            Ok((mem, shadow)) => Ok(Vm {
+                mem,
+                shadow,
+                roots: KVec::new(),
+                switches: 0,
+                entry: cfg.entry,
+                vcpus: KVec::new(),
+                dead: None,
+                guest_root: None,
+                owner,
+                notifiers,
+            }),
             Err(e) => {
+                // No `Vm` to refund it on drop: refund the charge here.
                 let _ = owner.account_locked(npages, false);
-                return Err(e);
+                Err(e)
             }
-        };
+        }
+    }
+
+    /// Pins guest memory (`size` bytes at launcher address `base`) and
+    /// builds the first shadow pair.
+    fn pin_and_map(base: u64, size: u64) -> Result<(GuestMemory, ShadowPair)> {
+        let mem = GuestMemory::pin(base, size)?;
         let mut shadow = ShadowPair::new()?;
         // The initial linear map: guest-virtual = guest-physical for RAM
         // above the first megabyte (so that null pointers fault) and the
@@ -231,18 +265,7 @@ impl Vm {
                 .map(gfn * PAGE_SIZE, phys | user | PTE_A | PTE_D, user)?;
             gfn += 1;
         }
-        Ok(Vm {
-            mem,
-            shadow,
-            roots: KVec::new(),
-            switches: 0,
-            entry: cfg.entry,
-            vcpus: KVec::new(),
-            dead: None,
-            guest_root: None,
-            owner,
-            notifiers,
-        })
+        Ok((mem, shadow))
     }
 
     /// Creates the next vCPU, with its interrupt state `irq`; returns its
@@ -284,10 +307,10 @@ impl Vm {
     }
 
     /// Writes vCPU `index`'s registers (flags are clamped; RIP and RSP must
-    /// be lower-half addresses, or the switcher's iretq would fault).
+    /// be addresses the guest may run at, `GuestCpu::enterable`).
     pub(crate) fn set_regs(&mut self, index: usize, mut regs: LguestRegs) -> Result {
         let v = self.vcpus.get_mut(index).ok_or(EINVAL)?;
-        if regs.rip >= 1 << 47 || regs.rsp >= 1 << 47 {
+        if !GuestCpu::enterable(regs.rip, regs.rsp) {
             return Err(EINVAL);
         }
         regs.rflags = GuestCpu::sanitize_flags(regs.rflags);
@@ -298,15 +321,20 @@ impl Vm {
     /// Kills the guest: it will not run again, and RUN reports `reason`.
     pub(crate) fn kill(&mut self, reason: Kill) {
         if self.dead.is_none() {
-            let text = core::str::from_utf8(reason.bytes()).unwrap_or("(unprintable)");
-            pr_info!("guest killed: {}\n", text);
+            if kill_log_allowed() {
+                let text = core::str::from_utf8(reason.bytes()).unwrap_or("(unprintable)");
+                pr_info!("guest killed: {}\n", text);
+            }
             self.dead = Some(reason);
         }
     }
 
-    /// `run_guest`: runs vCPU `index` until the launcher is needed.
-    /// Returns 0 with the exit in the run page, or `EINTR`.
-    pub(crate) fn run(&mut self, index: usize) -> Result<isize> {
+    /// `run_guest`: runs vCPU `index` until the launcher is needed
+    /// (`RunStep::Exit(0)`, the exit in the run page) or the vCPU halts
+    /// with nothing to deliver (`RunStep::Sleep`: the caller sleeps, without
+    /// the VM's lock, and calls again). `EINTR` for a signal. The caller
+    /// has made the current task the one interrupt sources wake and kick.
+    pub(crate) fn run(&mut self, index: usize) -> Result<RunStep> {
         let sw = Switcher::get()?;
         if index >= self.vcpus.len() {
             return Err(EINVAL);
@@ -317,32 +345,30 @@ impl Vm {
         if self.vcpus[index].immediate_exit() {
             return Err(EINTR);
         }
-        // While we are in here, interrupt sources wake and kick this thread.
-        let irq = self.vcpus[index].irq.clone();
-        irq.set_task(Some(ARef::from(&**current!())));
-        let _unregister = ScopeGuard(|| irq.set_task(None));
         loop {
             if let Some(reason) = &self.dead {
                 self.vcpus[index].stat_shadow_pages = self.shadow_pages() as u64;
                 let v = &self.vcpus[index];
                 v.write_exit(uapi::LGUEST_EXIT_KILLED, 0, 0, 0, reason.bytes());
-                return Ok(0);
+                return Ok(RunStep::Exit(0));
             }
-            if helpers::signal_pending() {
+            // A signal, the freezer (its fake signal), or work queued for
+            // the return to user mode (a memory-failure kill after a machine
+            // check) all end RUN: the launcher's thread meets them there.
+            if helpers::signal_pending() || helpers::notify_resume_pending() {
                 return Err(EINTR);
             }
-            helpers::try_to_freeze();
             helpers::cond_resched();
 
             if self.vcpus[index].halted {
-                match interrupts::wait_halted(self, index) {
+                match interrupts::halted(self, index) {
                     Ok(Halted::Wake) => {}
-                    Ok(Halted::Slept) => continue,
+                    Ok(Halted::Sleep { blocked }) => return Ok(RunStep::Sleep { blocked }),
                     Ok(Halted::Never) => {
                         self.vcpus[index].halted = false;
                         self.vcpus[index].stat_shadow_pages = self.shadow_pages() as u64;
                         self.vcpus[index].report(UserExit::Halt);
-                        return Ok(0);
+                        return Ok(RunStep::Exit(0));
                     }
                     Err(k) => {
                         self.kill(k);
@@ -350,6 +376,10 @@ impl Vm {
                     }
                 }
             }
+            // Interrupts raised from here on make the entry abort (and this
+            // loop look again), rather than wait in the guest for its next
+            // exit: the pinned clock event fires on this very CPU.
+            let seen = self.vcpus[index].irq.raised();
             if let Err(k) = interrupts::maybe_deliver(self, index) {
                 self.kill(k);
                 continue;
@@ -361,11 +391,37 @@ impl Vm {
             } else {
                 &mut self.shadow.kernel
             };
-            let exit = sw.run_once(shadow, &mut vcpu.cpu)?;
+            let exit = sw.run_once(shadow, &mut vcpu.cpu, &vcpu.irq, seen)?;
             vcpu.stat_exits += 1;
             let user_mode = vcpu.user_mode;
-            let Exit::Trap { vector, error, cr2 } = exit else {
-                continue;
+            let (vector, error, cr2) = match exit {
+                Exit::Trap { vector, error, cr2 } => (vector, error, cr2),
+                Exit::Aborted | Exit::HostEvent => continue,
+                Exit::BadState { rip, rsp } => {
+                    let k: Result<(), Kill> = kill!(
+                        "the guest cannot run at rip {rip:#x} with rsp {rsp:#x}: beyond the last guest page"
+                    );
+                    if let Err(k) = k {
+                        self.kill(k);
+                    }
+                    continue;
+                }
+                Exit::SwitcherFault { vector, error, offset } => {
+                    pr_err_once!(
+                        "the switcher took exception {} (error {:#x}) in ring 0 at offset {:#x}; the guest was killed\n",
+                        vector,
+                        error,
+                        offset
+                    );
+                    let k: Result<(), Kill> = kill!(
+                        "the switcher faulted in ring 0 ({}, error {error:#x}) entering or leaving the guest",
+                        trap_name(vector)
+                    );
+                    if let Err(k) = k {
+                        self.kill(k);
+                    }
+                    continue;
+                }
             };
             // A page fault the guest itself caused (the hardware says user
             // mode: the guest always runs in ring 3) may just be the shadow
@@ -397,7 +453,7 @@ impl Vm {
                 Ok(Some(exit)) => {
                     self.vcpus[index].stat_shadow_pages = self.shadow_pages() as u64;
                     self.vcpus[index].report(exit);
-                    return Ok(0);
+                    return Ok(RunStep::Exit(0));
                 }
                 Err(reason) => self.kill(reason),
             }
@@ -413,7 +469,7 @@ impl Vm {
         let Some(root) = self.guest_root else {
             return (va >= uapi::LGUEST_LOAD_MIN && end <= self.mem.size()).then_some(va);
         };
-        if end > 1 << 47 || (va / PAGE_SIZE) != ((end - 1) / PAGE_SIZE) {
+        if end > uapi::GUEST_VA_END || (va / PAGE_SIZE) != ((end - 1) / PAGE_SIZE) {
             return None;
         }
         let page = paging::walk(self, root, va).ok().flatten()?.gpa;
@@ -490,10 +546,10 @@ impl Vm {
     /// together stay below `paging::MAX_SHADOW_PAGES` table pages: past it
     /// the cached roots go, then the current pair starts over.
     pub(crate) fn shadow_map(&mut self, va: u64, pte: u64, user_view: bool) -> Result {
-        let cached: usize = self.roots.iter().map(|c| c.pair.pages()).sum();
-        if cached + self.shadow.pages() >= paging::MAX_SHADOW_PAGES {
+        let cached: usize = self.roots.iter().map(|c| c.pair.guest_pages()).sum();
+        if cached + self.shadow.guest_pages() >= paging::MAX_SHADOW_PAGES {
             self.roots.clear();
-            if self.shadow.pages() >= paging::MAX_SHADOW_PAGES {
+            if self.shadow.guest_pages() >= paging::MAX_SHADOW_PAGES {
                 self.reset_shadow()?;
             }
         }
@@ -521,12 +577,10 @@ impl Vm {
         self.shadow.pages() + self.roots.iter().map(|c| c.pair.pages()).sum::<usize>()
     }
 
-    /// Copies `buf.len()` bytes of guest-physical memory at `gpa` into `buf`.
+    /// Copies `buf.len()` bytes of guest memory (RAM or the device window)
+    /// at `gpa` into `buf`, through the pinned pages.
     pub(crate) fn read_guest(&self, gpa: u64, buf: &mut [u8]) -> Result {
-        let addr = self.guest_addr(gpa, buf.len())?;
-        UserSlice::new(UserPtr::from_addr(addr), buf.len())
-            .reader()
-            .read_slice(buf)
+        self.mem.read(gpa, buf)
     }
 
     /// Reads the u64 at guest-physical `gpa`.
@@ -541,21 +595,9 @@ impl Vm {
         self.write_guest(gpa, &v.to_le_bytes())
     }
 
-    /// Copies `data` to guest-physical memory at `gpa`.
+    /// Copies `data` to guest memory at `gpa`, through the pinned pages.
     pub(crate) fn write_guest(&self, gpa: u64, data: &[u8]) -> Result {
-        let addr = self.guest_addr(gpa, data.len())?;
-        UserSlice::new(UserPtr::from_addr(addr), data.len())
-            .writer()
-            .write_slice(data)
-    }
-
-    /// The launcher address of guest RAM `[gpa, gpa + len)`, if it is RAM.
-    fn guest_addr(&self, gpa: u64, len: usize) -> Result<usize> {
-        let end = gpa.checked_add(len as u64).ok_or(EFAULT)?;
-        if end > self.mem.size() {
-            return Err(EFAULT);
-        }
-        Ok((self.mem.base() + gpa) as usize)
+        self.mem.write(gpa, data)
     }
 }
 
@@ -607,6 +649,27 @@ impl Vcpu {
     }
 }
 
+/// Kill messages in the host's log: at most `KILL_LOG_BURST` every
+/// `KILL_LOG_PERIOD_NS` (VMs are cheap: a user could flood the log). The
+/// launcher always gets the reason in the run page.
+const KILL_LOG_BURST: u64 = 10;
+const KILL_LOG_PERIOD_NS: u64 = 5_000_000_000;
+static KILL_LOG_WINDOW: AtomicU64 = AtomicU64::new(0);
+static KILL_LOG_COUNT: AtomicU64 = AtomicU64::new(0);
+
+fn kill_log_allowed() -> bool {
+    let now = helpers::monotonic_ns();
+    let start = KILL_LOG_WINDOW.load(Ordering::Relaxed);
+    if now.wrapping_sub(start) > KILL_LOG_PERIOD_NS
+        && KILL_LOG_WINDOW
+            .compare_exchange(start, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        KILL_LOG_COUNT.store(0, Ordering::Relaxed);
+    }
+    KILL_LOG_COUNT.fetch_add(1, Ordering::Relaxed) < KILL_LOG_BURST
+}
+
 /// The name of an exception vector, for kill messages.
 pub(crate) fn trap_name(vector: u64) -> &'static str {
     match vector {
@@ -639,11 +702,3 @@ impl Drop for Vm {
     }
 }
 
-/// Runs a closure when dropped.
-struct ScopeGuard<F: FnMut()>(F);
-
-impl<F: FnMut()> Drop for ScopeGuard<F> {
-    fn drop(&mut self) {
-        (self.0)()
-    }
-}

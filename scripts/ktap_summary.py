@@ -28,9 +28,19 @@ REPORTS = [
         r"list_(add|del) corruption", r"stack-protector", r"double fault",
         r"rcu: INFO", r"detected stalls", r"soft lockup", r"hard LOCKUP",
         r"blocked for more than", r"kthread starved",
+        r"switcher took exception", r"Disabling lock debugging",
     )
 ]
 STAMP = re.compile(r"^\[\s*\d+\.\d+\]\s*")
+# The lines of an NMI backtrace (SysRq-L): what an "expected backtraces"
+# window lets through, and nothing else.
+BACKTRACE = re.compile(
+    r"^(NMI backtrace for cpu \d+|Sending NMI from CPU|Call Trace:|CPU: \d+ |Hardware name:"
+    r"|\s*</?(NMI|IRQ|TASK)>|\s*\? |\s*[\w.]+\+0x[0-9a-f]+/0x[0-9a-f]+"
+    r"|\s*(RIP|RSP|RAX|RDX|RBP|R10|R13|FS|CS|CR2|DR0|DR3|PKRU|Code):)"
+)
+PROG_BOUNDARY = re.compile(r"^(# selftests: lguest: |(not )?ok \d+ selftests: lguest: )")
+WINDOW = 3000
 
 
 def scan(label, path):
@@ -78,6 +88,11 @@ def scan(label, path):
     if not any(l.startswith("lguest-harness: done") for l in lines):
         failed += 1
         messages.append(f"{label}: the host did not reach the end of the run (crash, hang or watchdog)")
+    for l in lines:
+        m = re.search(r"lguest-harness: lockdep debug_locks (\S*)", l)
+        if m and m.group(1) != "1":
+            failed += 1
+            messages.append(f"{label}: lock debugging was off at the end of the run (debug_locks {m.group(1)!r}): lockdep checked nothing after its first report or a taint")
     if not progs:
         failed += 1
         messages.append(f"{label}: no test program reported a result")
@@ -86,21 +101,27 @@ def scan(label, path):
         failed += plans[0] - prog_results
         messages.append(f"{label}: {plans[0] - prog_results} test program(s) never reported (crash, hang or watchdog)")
     seen = set()
-    expected = False
+    expected = 0  # lines left in an "expected backtraces" window
     for line in lines:
-        if line.startswith("# "):
-            continue  # test programs' own output
-        # A test that provokes reports on purpose (the NMI test's SysRq-L
-        # backtraces) brackets them with these markers.
+        body = STAMP.sub("", line)
+        # A test that provokes backtraces on purpose (the NMI test's SysRq-L)
+        # brackets them with markers. Inside, only the shapes of a backtrace
+        # are let through; every real report still counts. The window also
+        # closes at the next program boundary, or after WINDOW lines, so a
+        # test that dies inside it cannot hide the rest of the log.
         if "lguest-selftest: expected backtraces begin" in line:
-            expected = True
-        elif "lguest-selftest: expected backtraces end" in line:
-            expected = False
+            expected = WINDOW
+        elif "lguest-selftest: expected backtraces end" in line or PROG_BOUNDARY.match(body):
+            expected = 0
+        if line.startswith("# ") or line.startswith("lguest-harness: "):
+            continue  # test programs' and the harness's own output
         if expected:
-            continue
+            expected -= 1
+            if BACKTRACE.search(body):
+                continue
         for r in REPORTS:
             if r.search(line):
-                key = STAMP.sub("", line)
+                key = body
                 if key not in seen:
                     seen.add(key)
                     failed += 1

@@ -13,7 +13,7 @@
 //! - the **ioctl ABI** between a launcher and `/dev/lguest`, numbered with
 //!   the `_IO*` scheme under the magic [`LGUEST_IOC_MAGIC`];
 //! - the **guest ABI** between a guest and the host: hypercall numbers,
-//!   trap vectors and (later) the layout of `struct lguest_data`. lguest's
+//!   trap vectors and the layout of `struct lguest_data`. lguest's
 //!   numbers and names are kept wherever the meaning is the same.
 
 /// The ioctl "type" byte of `/dev/lguest`. 0xAF 0x00-0x1F belongs to
@@ -317,6 +317,16 @@ pub const LGUEST_TRAP_ENTRY: u8 = 0x1F;
 /// command line, which the launcher puts in the last page of RAM
 /// ([`LGUEST_CMDLINE_MAX`] bytes at most); RSI holds the size of RAM.
 pub const LGUEST_CMDLINE_MAX: usize = 4096;
+
+/// The end of the guest-virtual addresses a guest may map and run at:
+/// `(1 << 47) - 4096`. The last page below the canonical limit is never
+/// mappable (as `TASK_SIZE_MAX` keeps it from every Linux process): code
+/// there could leave a non-canonical RIP, `1 << 47`, for the switcher's
+/// iretq, which would fault in ring 0; and executing from that page
+/// misbehaves on some AMD CPUs. Every check of a guest address (page
+/// faults, IDT handlers, kernel stack, user-mode entry, registers set by
+/// the launcher) is against this one value.
+pub const GUEST_VA_END: u64 = (1 << 47) - 4096;
 
 /// The lowest address a guest image may be loaded at: the first 1 MiB is left
 /// unmapped, so that a null pointer in the guest faults.

@@ -48,6 +48,7 @@ fn rust_side() -> BTreeMap<&'static str, u64> {
         ("LGUEST_SHUTDOWN_CRASH", abi::LGUEST_SHUTDOWN_CRASH),
         ("LGUEST_CMDLINE_MAX", abi::LGUEST_CMDLINE_MAX as u64),
         ("LGUEST_LOAD_MIN", abi::LGUEST_LOAD_MIN),
+        ("LGUEST_GUEST_VA_END", abi::GUEST_VA_END),
         ("LGUEST_GUEST_CS", abi::LGUEST_GUEST_CS),
         ("LGUEST_GUEST_SS", abi::LGUEST_GUEST_SS),
         ("LGUEST_USER_CS", abi::LGUEST_USER_CS),

@@ -101,6 +101,8 @@ struct lguest_ioeventfd {
 #define LGUEST_TRAP_ENTRY	0x1F
 #define LGUEST_CMDLINE_MAX	4096
 #define LGUEST_LOAD_MIN		0x100000
+/* The end of the guest-virtual addresses a guest may map and run at. */
+#define LGUEST_GUEST_VA_END	0x7ffffffff000ULL
 #define LGUEST_GUEST_CS		0x33
 #define LGUEST_GUEST_SS		0x2b
 #define LGUEST_USER_CS		0x3b	/* marks frames from guest user mode */

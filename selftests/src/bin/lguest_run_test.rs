@@ -21,28 +21,63 @@ struct Outcome {
     stderr: String,
 }
 
-fn spawn(guest_name: &str, args: &[&str]) -> Result<Child, t::NotPassed> {
-    Command::new(launcher())
-        .args(["run", "--memory", "16M", &guest(guest_name)])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| t::NotPassed::Fail(format!("cannot start {}: {e}", launcher())))
+/// A launcher running a guest; its standard output goes to a file, so that
+/// a test can wait for a line without consuming it.
+struct Guest {
+    child: Child,
+    out: std::path::PathBuf,
 }
 
-fn wait(mut child: Child, timeout: Duration) -> Result<Outcome, t::NotPassed> {
+impl Guest {
+    fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits until the guest has printed `needle` (or the launcher ended,
+    /// or `timeout` passed); whether it did.
+    fn printed(&mut self, needle: &str, timeout: Duration) -> bool {
+        t::wait_for(timeout, || {
+            std::fs::read_to_string(&self.out).is_ok_and(|s| s.contains(needle))
+                || matches!(self.child.try_wait(), Ok(Some(_)))
+        }) && std::fs::read_to_string(&self.out).is_ok_and(|s| s.contains(needle))
+    }
+}
+
+fn spawn(guest_name: &str, args: &[&str]) -> Result<Guest, t::NotPassed> {
+    let g = guest(guest_name);
+    let mut all = vec!["run", "--memory", "16M", &g];
+    all.extend_from_slice(args);
+    spawn_launcher(&all)
+}
+
+/// The launcher with these arguments (standard output to a file).
+fn spawn_launcher(args: &[&str]) -> Result<Guest, t::NotPassed> {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let out = std::env::temp_dir().join(format!(
+        "lguest-run-test-{}-{}.out",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    ));
+    let file = std::fs::File::create(&out).map_err(|e| t::NotPassed::Fail(format!("{}: {e}", out.display())))?;
+    let child = Command::new(launcher())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(file)
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| t::NotPassed::Fail(format!("cannot start {}: {e}", launcher())))?;
+    Ok(Guest { child, out })
+}
+
+fn wait(mut g: Guest, timeout: Duration) -> Result<Outcome, t::NotPassed> {
     let start = Instant::now();
     loop {
-        match child.try_wait() {
+        match g.child.try_wait() {
             Ok(Some(st)) => {
-                let mut stdout = String::new();
+                let stdout = std::fs::read_to_string(&g.out).unwrap_or_default();
+                let _ = std::fs::remove_file(&g.out);
                 let mut stderr = String::new();
-                if let Some(mut o) = child.stdout.take() {
-                    let _ = o.read_to_string(&mut stdout);
-                }
-                if let Some(mut e) = child.stderr.take() {
+                if let Some(mut e) = g.child.stderr.take() {
                     let _ = e.read_to_string(&mut stderr);
                 }
                 use std::os::unix::process::ExitStatusExt;
@@ -50,8 +85,9 @@ fn wait(mut child: Child, timeout: Duration) -> Result<Outcome, t::NotPassed> {
                 return Ok(Outcome { code, stdout, stderr });
             }
             Ok(None) if start.elapsed() > timeout => {
-                let _ = child.kill();
-                let _ = child.wait();
+                let _ = g.child.kill();
+                let _ = g.child.wait();
+                let _ = std::fs::remove_file(&g.out);
                 fail!("the launcher did not finish within {timeout:?}");
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(5)),
@@ -60,8 +96,11 @@ fn wait(mut child: Child, timeout: Duration) -> Result<Outcome, t::NotPassed> {
     }
 }
 
+/// Runs a guest to its end. The limit only catches a hung launcher: a
+/// whole run takes seconds under TCG, a minute or more on the debug kernel
+/// of a slow machine.
 fn run(guest_name: &str, args: &[&str]) -> Result<Outcome, t::NotPassed> {
-    wait(spawn(guest_name, args)?, Duration::from_secs(60))
+    wait(spawn(guest_name, args)?, Duration::from_secs(600))
 }
 
 fn describe(o: &Outcome) -> String {
@@ -186,12 +225,14 @@ fn switcher_unreachable() -> TestResult {
 /// A guest spinning without hypercalls is stopped by a signal to the
 /// launcher well within a second, and the host keeps running meanwhile.
 fn signal_stops_spinner() -> TestResult {
-    let child = spawn("guest-ops", &["spin"])?;
+    let mut child = spawn("guest-ops", &["spin"])?;
     let pid = child.id() as i32;
-    // Let it reach the loop; the host must stay responsive meanwhile.
+    // Let it reach the loop (it says so); the host must stay responsive
+    // meanwhile.
+    check!(child.printed("spinning forever", Duration::from_secs(60)), "the guest never started spinning");
     let t0 = Instant::now();
     let mut n = 0u64;
-    while t0.elapsed() < Duration::from_millis(500) {
+    while t0.elapsed() < Duration::from_millis(200) {
         n += std::fs::read_to_string("/proc/uptime").map(|s| s.len() as u64).unwrap_or(0);
     }
     check!(n > 0, "the host did not answer while the guest spun");
@@ -281,13 +322,8 @@ fn irq_pending_delivered_at_enable() -> TestResult {
 /// Two pending interrupts (the timer and IRQ 1 raised by the launcher from
 /// another thread) are both delivered; irq_pending clears after the last.
 fn two_pending_interrupts() -> TestResult {
-    let child = Command::new(launcher())
-        .args(["run", "--memory", "16M", "--irq-every", "2:1", &guest("guest-ops"), "twoirqs"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| t::NotPassed::Fail(e.to_string()))?;
+    let g = guest("guest-ops");
+    let child = spawn_launcher(&["run", "--memory", "16M", "--irq-every", "2:1", &g, "twoirqs"])?;
     let o = wait(child, Duration::from_secs(60))?;
     check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
     let line = o.stdout.lines().find(|l| l.contains("twoirqs: after irq_enable")).unwrap_or("");
@@ -317,9 +353,11 @@ fn timer_events() -> TestResult {
 
 /// A guest that sleeps (HALT until its timer) uses next to no CPU.
 fn sleeping_guest_idle() -> TestResult {
-    let child = spawn("guest-ops", &["sleep", "2000"])?;
+    let mut child = spawn("guest-ops", &["sleep", "2000"])?;
     let pid = child.id() as i32;
-    std::thread::sleep(Duration::from_millis(300));
+    // From the guest's word that it halts, not after a guessed delay (the
+    // launcher's start costs CPU time on a slow machine).
+    check!(child.printed("sleeping 2000 ms", Duration::from_secs(60)), "the guest never went to sleep");
     let (t0, _) = proc_stat(pid);
     std::thread::sleep(Duration::from_millis(1000));
     let (t1, _) = proc_stat(pid);
@@ -552,15 +590,7 @@ fn sixteen_guests() -> TestResult {
 
 /// A file that is not a guest image gets a clear launcher error, status 1.
 fn bad_image() -> TestResult {
-    let o = wait(
-        Command::new(launcher())
-            .args(["run", "/etc/passwd"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| t::NotPassed::Fail(e.to_string()))?,
-        Duration::from_secs(30),
-    )?;
+    let o = wait(spawn_launcher(&["run", "/etc/passwd"])?, Duration::from_secs(30))?;
     check_eq!(o.code, 1, format!("exit status ({})", describe(&o)));
     check!(o.stderr.contains("/etc/passwd"), "the error does not name the file: {}", describe(&o));
     Ok(())

@@ -832,9 +832,9 @@ fn tiny_guest_runs() -> TestResult {
     check_eq!(vm.message(), "bye", "shutdown message");
     let hcalls: u64 = vm.run_page().read(40);
     check_eq!(hcalls, 3, "hypercall count");
-    // The host wrote lguest_data: reserve_mem is 1 << 47.
+    // The host wrote lguest_data: reserve_mem is the end of guest addresses.
     let reserve: u64 = vm.mem.read(DATA as usize + 2672);
-    check_eq!(reserve, 1u64 << 47, "lguest_data.reserve_mem");
+    check_eq!(reserve, abi::GUEST_VA_END, "lguest_data.reserve_mem");
     // RIP advanced past the last int $0x1f.
     let mut regs = abi::LguestVcpuRegs::default();
     check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_GET_REGS, &mut regs), Ok(0), "GET_REGS");
@@ -1069,17 +1069,47 @@ fn memlock_limit() -> TestResult {
     }
 }
 
-/// The launcher unmapping guest memory under a live VM cannot hurt the
-/// host: the guest keeps its pinned pages, host accesses fail cleanly.
+/// The launcher unmapping guest memory under a live VM, and mapping fresh
+/// memory in its place, cannot make host and guest disagree: both go on
+/// with the pages pinned at CREATE_VM (the guest completes, the host reads
+/// its message from them), and the launcher's new memory sees none of it.
 fn munmap_under_guest() -> TestResult {
     let mut vm = TestVm::new(GUEST_OK)?;
+    let addr = vm.mem.addr;
     let run = vm.run.take();
     drop(std::mem::replace(&mut vm.mem, Mapping::anon(4096).map_err(|e| t::NotPassed::Fail(e.to_string()))?));
     vm.run = run;
-    check_eq!(vm.run(), Ok(0), "RUN after munmap");
-    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_KILLED, "exit reason");
-    check!(vm.message().contains("lguest_data"), "kill message: {:?}", vm.message());
-    Ok(())
+    // Fresh zeroed memory where guest RAM was mapped.
+    // SAFETY: mapping anonymous memory at an address range this test just
+    // unmapped; it is unmapped again below.
+    let fresh = unsafe {
+        libc::mmap(
+            addr.cast(),
+            MEM,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    check!(fresh == addr.cast(), "mmap MAP_FIXED: {}", t::errname(t::errno()));
+    let res = (|| -> TestResult {
+        check_eq!(vm.run(), Ok(0), "RUN after munmap");
+        check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_NOTIFY, format!("exit reason ({})", vm.message()));
+        check_eq!(vm.run_page().read::<u64>(16), 0x42, "notify argument");
+        check_eq!(vm.run(), Ok(0), "second RUN");
+        check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_SHUTDOWN, "exit reason");
+        // The host read the message from the pinned page, not the new one.
+        check_eq!(vm.message(), "bye", "shutdown message");
+        // And wrote lguest_data there: the new mapping saw nothing of it.
+        // SAFETY: `fresh` maps MEM bytes, readable.
+        let reserve = unsafe { fresh.cast::<u8>().add(DATA as usize + 2672).cast::<u64>().read_volatile() };
+        check_eq!(reserve, 0, "lguest_data.reserve_mem in the launcher's new memory");
+        Ok(())
+    })();
+    // SAFETY: unmapping what was mapped above.
+    unsafe { libc::munmap(fresh, MEM) };
+    res
 }
 
 /// 1000 create/run/destroy cycles leave free memory where it was.
@@ -1137,7 +1167,12 @@ fn halt_sleeps_irq_wakes() -> TestResult {
             tid.store(unsafe { libc::gettid() }, std::sync::atomic::Ordering::SeqCst);
             vm.run()
         });
-        std::thread::sleep(std::time::Duration::from_millis(300));
+        // Measure from when the RUN thread sleeps (a guessed delay would
+        // measure the start on a slow machine).
+        let asleep = t::wait_for(std::time::Duration::from_secs(30), || {
+            let t = tid.load(std::sync::atomic::Ordering::SeqCst);
+            t != 0 && thread_state(t) == 'S'
+        });
         let t = tid.load(std::sync::atomic::Ordering::SeqCst);
         let before = thread_ticks(t);
         std::thread::sleep(std::time::Duration::from_millis(2000));
@@ -1145,10 +1180,10 @@ fn halt_sleeps_irq_wakes() -> TestResult {
         let still_running = !runner.is_finished();
         let raised = t::ioctl(&vm.f, abi::LGUEST_IRQ, 1);
         let r = runner.join();
-        (used, still_running, raised, r)
+        (used, still_running && asleep, raised, r)
     });
     let (used, still_running, raised, r) = outcome;
-    check!(still_running, "RUN returned while the guest should be halted");
+    check!(still_running, "RUN returned (or never slept) while the guest should be halted");
     println!("# halted for 2 s using {used} clock ticks of CPU");
     // 5% of 2 s is 10 ticks at USER_HZ 100.
     check!(used <= 10, "a halted guest used {used} ticks (over 5% of a CPU) in 2 s");
@@ -1332,6 +1367,416 @@ fn kicks_100000() -> TestResult {
     Ok(())
 }
 
+// A guest for the tests of the last guest page. It registers lguest_data,
+// switches to the page tables the test wrote at 0x300000, then by R12:
+// 0 jumps to RBX, 1 makes LOAD_IDT_ENTRY(6, R13), 2 SET_STACK(R13).
+core::arch::global_asm!(
+    ".pushsection .rodata.lguest_guest_top, \"a\"",
+    ".globl lguest_guest_top_start",
+    ".globl lguest_guest_top_end",
+    "lguest_guest_top_start:",
+    "mov esp, 0x1f0000",
+    "mov eax, 1",
+    "mov edi, 0x180000",
+    "int 0x1f",
+    "mov eax, 4",
+    "mov edi, 0x300000",
+    "int 0x1f",
+    "cmp r12, 1",
+    "je 31f",
+    "cmp r12, 2",
+    "je 32f",
+    "jmp rbx",
+    "31: mov eax, 6",
+    "mov edi, 6",
+    "mov rsi, r13",
+    "mov edx, 0xe",
+    "int 0x1f",
+    "jmp 39f",
+    "32: mov eax, 7",
+    "mov rdi, r13",
+    "int 0x1f",
+    "39: jmp 39b",
+    "lguest_guest_top_end:",
+    ".popsection",
+);
+
+extern "C" {
+    static lguest_guest_top_start: u8;
+    static lguest_guest_top_end: u8;
+}
+
+fn guest_top() -> Vec<u8> {
+    // SAFETY: Both symbols delimit the bytes assembled above.
+    unsafe { blob(std::ptr::addr_of!(lguest_guest_top_start), std::ptr::addr_of!(lguest_guest_top_end)) }
+}
+
+/// The last page a guest may use, and the one above it that it may not.
+const LAST_PAGE: u64 = abi::GUEST_VA_END - 4096;
+/// Guest frames behind them in the top-page tests.
+const FRAME_LAST: u64 = 0x21_0000;
+const FRAME_TOP: u64 = 0x21_1000;
+
+/// Page tables at 0x300000: 1-2 MiB identity-mapped (code, data, stack),
+/// and the two highest lower-half pages mapped to FRAME_LAST and FRAME_TOP
+/// (the guest's own tables may say so; the host must not map the top one).
+fn write_top_tables(mem: &Mapping) {
+    let e = |at: u64, v: u64| mem.put::<u64>(at as usize, v);
+    const P: u64 = 1;
+    const RW: u64 = 2;
+    let (pml4, pdpt, pd, pt) = (0x30_0000u64, 0x30_1000u64, 0x30_2000u64, 0x30_3000u64);
+    let (pdpt_hi, pd_hi, pt_hi) = (0x30_4000u64, 0x30_5000u64, 0x30_6000u64);
+    e(pml4, pdpt | P | RW);
+    e(pdpt, pd | P | RW);
+    e(pd, pt | P | RW);
+    for page in 0x100u64..0x200 {
+        e(pt + 8 * page, (page << 12) | P | RW);
+    }
+    e(pml4 + 8 * 255, pdpt_hi | P | RW);
+    e(pdpt_hi + 8 * 511, pd_hi | P | RW);
+    e(pd_hi + 8 * 511, pt_hi | P | RW);
+    e(pt_hi + 8 * 510, FRAME_LAST | P | RW);
+    e(pt_hi + 8 * 511, FRAME_TOP | P | RW);
+}
+
+/// NOTIFY(MSG, 0x77) as bytes: mov $17, %eax; mov $MSG, %edi; mov $0x77,
+/// %esi; int $0x1f.
+const NOTIFY_77: &[u8] =
+    &[0xb8, 0x11, 0x00, 0x00, 0x00, 0xbf, 0x00, 0x10, 0x18, 0x00, 0xbe, 0x77, 0x00, 0x00, 0x00, 0xcd, 0x1f];
+
+/// No register the launcher can read holds a host kernel address.
+fn no_host_address(vm: &TestVm, what: &str) -> TestResult {
+    let mut r = abi::LguestVcpuRegs::default();
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_GET_REGS, &mut r), Ok(0), format!("{what}: GET_REGS"));
+    let g = r.regs;
+    for (name, v) in [
+        ("rax", g.rax),
+        ("rbx", g.rbx),
+        ("rcx", g.rcx),
+        ("rdx", g.rdx),
+        ("rsi", g.rsi),
+        ("rdi", g.rdi),
+        ("rbp", g.rbp),
+        ("r8", g.r8),
+        ("r9", g.r9),
+        ("r10", g.r10),
+        ("r11", g.r11),
+        ("r12", g.r12),
+        ("r13", g.r13),
+        ("r14", g.r14),
+        ("r15", g.r15),
+        ("rip", g.rip),
+        ("rsp", g.rsp),
+    ] {
+        check!(v < 1 << 47, "{what}: {name} = {v:#x}, not a guest value");
+    }
+    check!(g.rip <= abi::GUEST_VA_END, "{what}: rip {:#x} beyond the last guest page", g.rip);
+    Ok(())
+}
+
+/// A top-page VM: the guest above, its tables, `code` placed so that it
+/// ends at guest-virtual `end`, and R12/R13 set.
+fn top_vm(code: &[u8], end: u64, r12: u64, r13: u64) -> Result<TestVm, t::NotPassed> {
+    let vm = TestVm::new(&guest_top())?;
+    write_top_tables(&vm.mem);
+    let start = end - code.len() as u64;
+    let frame = if start >= abi::GUEST_VA_END {
+        FRAME_TOP + (start - abi::GUEST_VA_END)
+    } else {
+        FRAME_LAST + (start - LAST_PAGE)
+    };
+    vm.mem.write(frame as usize, code);
+    let mut r = abi::LguestVcpuRegs::default();
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_GET_REGS, &mut r), Ok(0), "GET_REGS");
+    r.regs.rbx = start;
+    r.regs.r12 = r12;
+    r.regs.r13 = r13;
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_SET_REGS, &mut r), Ok(0), "SET_REGS");
+    Ok(vm)
+}
+
+/// Runs `vm` until it is killed (at most `runs` RUNs) and returns the kill
+/// message and the NOTIFY arguments seen on the way.
+fn run_to_kill(vm: &TestVm, runs: usize) -> Result<(String, Vec<u64>), t::NotPassed> {
+    let mut notes = Vec::new();
+    for _ in 0..runs {
+        check_eq!(vm.run(), Ok(0), "RUN");
+        match vm.exit_reason() {
+            abi::LGUEST_EXIT_NOTIFY => notes.push(vm.run_page().read::<u64>(16)),
+            abi::LGUEST_EXIT_KILLED => return Ok((vm.message(), notes)),
+            r => fail!("exit reason {r} ({}), notes {notes:x?}", vm.message()),
+        }
+    }
+    fail!("not killed after {runs} runs (notes {notes:x?})")
+}
+
+/// The last page below the canonical limit is never the guest's: code
+/// there, a hypercall, a trap or a fault in the last bytes below
+/// GUEST_VA_END, or a handler or stack beyond it, end with the guest killed
+/// for a reason, never with the host entering it at a non-canonical or
+/// reserved address (which on hardware faults in ring 0, in the switcher),
+/// and no register the launcher reads holds a host address.
+fn last_guest_page() -> TestResult {
+    let end = abi::GUEST_VA_END;
+    // (code, where it ends, r12, r13, the kill reason wanted, NOTIFYs wanted)
+    let cases: [(&[u8], u64, u64, u64, &str, &[u64]); 8] = [
+        // A hypercall in the last two bytes: it is made, then RIP is the
+        // end, where the guest may not run.
+        (NOTIFY_77, end, 0, 0, "beyond the last guest page", &[0x77]),
+        // The same code in the top page: that page is never mapped.
+        (NOTIFY_77, 1 << 47, 0, 0, "page fault at 0x7ffffffffff", &[]),
+        // ud2, int3 and a faulting load in the last bytes.
+        (&[0x0f, 0x0b], end, 0, 0, "#UD invalid opcode", &[]),
+        (&[0xcc], end, 0, 0, "#BP breakpoint", &[]),
+        (&[0x48, 0x8b, 0x04, 0x25, 0, 0, 0, 0], end, 0, 0, "page fault at 0x0 ", &[]),
+        // Falling off the last page into the top one.
+        (&[0x90; 64], end, 0, 0, "", &[]),
+        // An IDT handler and a kernel stack beyond the last page.
+        (&[], end, 1, end, "LOAD_IDT_ENTRY: handler 0x7ffffffff000", &[]),
+        (&[], end, 2, end + 16, "SET_STACK: bad kernel stack", &[]),
+    ];
+    for (i, (code, at, r12, r13, want, notes_wanted)) in cases.iter().enumerate() {
+        let vm = top_vm(code, *at, *r12, *r13)?;
+        let (msg, notes) = run_to_kill(&vm, 4)?;
+        println!("# case {i}: killed: {msg}");
+        if want.is_empty() {
+            // A host interrupt may come right after the last instruction.
+            check!(
+                msg.contains("page fault at 0x7ffffffff000") || msg.contains("beyond the last guest page"),
+                "case {i}: kill message {msg:?}"
+            );
+        } else {
+            check!(msg.contains(want), "case {i}: kill message {msg:?}, wanted {want:?}");
+        }
+        check_eq!(&notes[..], *notes_wanted, format!("case {i}: NOTIFY arguments"));
+        no_host_address(&vm, &format!("case {i}"))?;
+    }
+    // SET_REGS never lets the launcher put the guest there either.
+    let vm = TestVm::new(GUEST_OK)?;
+    for (rip, rsp, ok) in [
+        (end - 1, 0x17_0000, true),
+        (end, 0x17_0000, false),
+        (1 << 47, 0x17_0000, false),
+        (0xffff_8000_0000_0000, 0x17_0000, false),
+        (CODE, end, true),
+        (CODE, end + 8, false),
+        (CODE, 1 << 47, false),
+    ] {
+        let mut r = abi::LguestVcpuRegs::default();
+        check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_GET_REGS, &mut r), Ok(0), "GET_REGS");
+        r.regs.rip = rip;
+        r.regs.rsp = rsp;
+        let got = t::ioctl_ptr(&vm.f, abi::LGUEST_SET_REGS, &mut r);
+        check_eq!(got.is_ok(), ok, format!("SET_REGS rip {rip:#x} rsp {rsp:#x}: {got:?}"));
+        if !ok {
+            check_eq!(got, Err(libc::EINVAL), format!("SET_REGS rip {rip:#x} rsp {rsp:#x}"));
+        }
+    }
+    Ok(())
+}
+
+/// The start of `struct perf_event_attr` (PERF_ATTR_SIZE_VER1), enough for
+/// a hardware breakpoint.
+#[repr(C)]
+#[derive(Default)]
+struct PerfBreakpoint {
+    type_: u32,
+    size: u32,
+    config: u64,
+    sample_period: u64,
+    sample_type: u64,
+    read_format: u64,
+    flags: u64,
+    wakeup_events: u32,
+    bp_type: u32,
+    bp_addr: u64,
+    bp_len: u64,
+}
+
+/// The launcher's own thread has a data breakpoint (perf) on the address
+/// the guest loads SS from, then makes a hypercall: `mov ss, [X]; int
+/// $0x1f`. On hardware the #DB is held back past the MOV SS and taken at
+/// the first instruction of the switcher's hypercall stub, in ring 0 (the
+/// CVE-2018-8897 pattern): it must be handled there and the hypercall go
+/// on. An emulator may deliver it to the guest after the MOV SS instead
+/// (then the guest, with no #DB handler, is killed for it). Either way no
+/// host address reaches a register. Also TF set by the guest before a
+/// hypercall: the hypercall is made, and the single-step trap comes after
+/// the next guest instruction, as a guest #DB.
+fn mov_ss_and_tf() -> TestResult {
+    const X: u64 = 0x18_0800;
+    // mov $0x2b, %ax; mov %ax, X; mov X, %ss; NOTIFY(MSG, 0x77); SHUTDOWN.
+    let mut code = vec![0x66, 0xb8, 0x2b, 0x00, 0x66, 0x89, 0x04, 0x25, 0x00, 0x08, 0x18, 0x00];
+    code.extend_from_slice(&[0x8e, 0x14, 0x25, 0x00, 0x08, 0x18, 0x00]); // mov X, %ss
+    code.extend_from_slice(NOTIFY_77);
+    code.extend_from_slice(&GUEST_OK[GUEST_OK.len() - 19..]);
+    let mut prog = GUEST_OK[..12].to_vec(); // INIT
+    prog.extend_from_slice(&code);
+    for armed in [false, true] {
+        let vm = TestVm::new(&prog)?;
+        let bp = if armed {
+            let attr = PerfBreakpoint {
+                type_: 5, // PERF_TYPE_BREAKPOINT
+                size: std::mem::size_of::<PerfBreakpoint>() as u32,
+                bp_type: 3, // HW_BREAKPOINT_RW
+                bp_addr: X,
+                bp_len: 2,
+                ..PerfBreakpoint::default()
+            };
+            // SAFETY: perf_event_open with a valid attr (the first 72 bytes
+            // of struct perf_event_attr, PERF_ATTR_SIZE_VER1), this thread,
+            // any CPU, no group.
+            let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, &attr, 0, -1, -1, 0) };
+            if fd < 0 {
+                t::skip!("perf_event_open(PERF_TYPE_BREAKPOINT): {}", t::errname(t::errno()));
+            }
+            Some(fd as i32)
+        } else {
+            None
+        };
+        check_eq!(vm.run(), Ok(0), "RUN");
+        let (reason, msg) = (vm.exit_reason(), vm.message());
+        match reason {
+            abi::LGUEST_EXIT_NOTIFY => {
+                check_eq!(vm.run_page().read::<u64>(16), 0x77, "NOTIFY argument");
+                check_eq!(vm.run(), Ok(0), "RUN");
+                check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_SHUTDOWN, format!("exit ({})", vm.message()));
+                println!("# breakpoint {armed}: the hypercall went on");
+            }
+            abi::LGUEST_EXIT_KILLED if armed && msg.contains("#DB debug") => {
+                println!("# breakpoint armed: the #DB reached the guest ({msg})");
+            }
+            r => fail!("breakpoint {armed}: exit {r} ({msg})"),
+        }
+        no_host_address(&vm, &format!("breakpoint {armed}"))?;
+        if let Some(fd) = bp {
+            // SAFETY: closing the perf fd we opened.
+            unsafe { libc::close(fd) };
+        }
+    }
+    // TF, then a hypercall: the hypercall is made (INT clears TF for its
+    // handler), and the single-step trap comes after the next instruction.
+    let pushf_tf_popf = [0x9c, 0x81, 0x0c, 0x24, 0x00, 0x01, 0x00, 0x00, 0x9d];
+    let mut prog = GUEST_OK[..12].to_vec();
+    prog.extend_from_slice(&NOTIFY_77[..15]);
+    prog.extend_from_slice(&pushf_tf_popf);
+    prog.extend_from_slice(&[0xcd, 0x1f, 0x90, 0x90, 0xeb, 0xfe]);
+    let vm = TestVm::new(&prog)?;
+    let (msg, notes) = run_to_kill(&vm, 4)?;
+    check!(msg.contains("#DB debug"), "TF: kill message {msg:?}");
+    check_eq!(notes, vec![0x77u64], "TF: the hypercall before the single-step trap");
+    no_host_address(&vm, "TF")?;
+    // TF, then ud2: the fault comes before any single-step trap.
+    let mut prog = GUEST_OK[..12].to_vec();
+    prog.extend_from_slice(&pushf_tf_popf);
+    prog.extend_from_slice(&[0x0f, 0x0b]);
+    let vm = TestVm::new(&prog)?;
+    let (msg, _) = run_to_kill(&vm, 4)?;
+    check!(msg.contains("#UD invalid opcode"), "TF then ud2: kill message {msg:?}");
+    no_host_address(&vm, "TF then ud2")?;
+    Ok(())
+}
+
+/// The state of thread `tid` ('R', 'S', ...) from /proc.
+fn thread_state(tid: i32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
+    stat.rsplit(')').next().and_then(|s| s.trim_start().chars().next()).unwrap_or('?')
+}
+
+/// While one thread's RUN has the guest halted for 3 s, another thread's
+/// GET_REGS answers at once (RUN holds no lock while it sleeps), and its
+/// CREATE_VCPU and RUN get EBUSY; while the guest runs, GET_REGS gets
+/// EBUSY instead of waiting. Nobody sleeps uninterruptibly behind RUN.
+fn second_thread_during_run() -> TestResult {
+    use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::SeqCst};
+    // INIT; blocked = ~1; LOAD_IDT_ENTRY(32, 0x100200); SET_CLOCKEVENT(3 s);
+    // HALT; at 0x100200 SHUTDOWN.
+    let mut code = guest_halt_irq1();
+    code[35] = 0x20; // vector 32 (IRQ 0), not 33
+    code[25] = 0xfe; // blocked_interrupts = ~1
+                     // SET_CLOCKEVENT(3 s) before the HALT at 51; the handler stays at 0x200.
+    let mut clock = vec![0xb8, 0x09, 0x00, 0x00, 0x00, 0x48, 0xbf];
+    clock.extend_from_slice(&3_000_000_000u64.to_le_bytes());
+    clock.extend_from_slice(&[0xcd, 0x1f]);
+    let mut prog = code[..51].to_vec();
+    prog.extend_from_slice(&clock);
+    prog.extend_from_slice(&code[51..0x200 - clock.len()]);
+    prog.extend_from_slice(&code[0x200..]);
+    let vm = TestVm::new(&prog)?;
+    let tid = AtomicI32::new(0);
+    let finished = AtomicBool::new(false);
+    let res: Result<(), String> = std::thread::scope(|s| {
+        let runner = s.spawn(|| {
+            // SAFETY: gettid has no preconditions.
+            tid.store(unsafe { libc::gettid() }, SeqCst);
+            let r = vm.run();
+            finished.store(true, SeqCst);
+            r
+        });
+        let asleep = t::wait_for(std::time::Duration::from_secs(30), || {
+            let t = tid.load(SeqCst);
+            t != 0 && thread_state(t) == 'S'
+        });
+        let mut regs = abi::LguestVcpuRegs::default();
+        let got = t::ioctl_ptr(&vm.f, abi::LGUEST_GET_REGS, &mut regs);
+        let during = !finished.load(SeqCst);
+        let vcpu = t::ioctl(&vm.f, abi::LGUEST_CREATE_VCPU, 0);
+        let run2 = vm.run();
+        let still = !finished.load(SeqCst);
+        let r = runner.join().map_err(|_| "runner panicked".to_string())?;
+        if !asleep {
+            return Err("the RUN thread never went to sleep".into());
+        }
+        if !(during && still) {
+            return Err("RUN returned before the 3 s halt ended".into());
+        }
+        if got != Ok(0) {
+            return Err(format!("GET_REGS during the halt: {got:?}"));
+        }
+        if vcpu != Err(libc::EBUSY) || run2 != Err(libc::EBUSY) {
+            return Err(format!("CREATE_VCPU {vcpu:?} and a second RUN {run2:?} during the halt, wanted EBUSY"));
+        }
+        if r != Ok(0) || vm.exit_reason() != abi::LGUEST_EXIT_SHUTDOWN {
+            return Err(format!("RUN {r:?}, exit {} ({})", vm.exit_reason(), vm.message()));
+        }
+        Ok(())
+    });
+    if let Err(e) = res {
+        fail!("{e}");
+    }
+    // A spinning guest: GET_REGS from another thread gets EBUSY at once.
+    let vm = TestVm::new(GUEST_SPIN)?;
+    KICK_BYTE.store(vm.run_page().addr, SeqCst);
+    // SAFETY: installing a handler that only does a volatile store.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = kick_handler as *const () as usize;
+        libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut());
+    }
+    let pthread = std::sync::atomic::AtomicU64::new(0);
+    let busy = std::thread::scope(|s| {
+        let runner = s.spawn(|| {
+            // SAFETY: pthread_self has no preconditions.
+            pthread.store(unsafe { libc::pthread_self() } as u64, SeqCst);
+            vm.run()
+        });
+        let busy = t::wait_for(std::time::Duration::from_secs(30), || {
+            let mut regs = abi::LguestVcpuRegs::default();
+            t::ioctl_ptr(&vm.f, abi::LGUEST_GET_REGS, &mut regs) == Err(libc::EBUSY)
+        });
+        while !runner.is_finished() {
+            // SAFETY: signalling a live thread of ours.
+            unsafe { libc::pthread_kill(pthread.load(SeqCst) as libc::pthread_t, libc::SIGUSR1) };
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        (busy, runner.join().ok())
+    });
+    KICK_BYTE.store(std::ptr::null_mut(), SeqCst);
+    check!(busy.0, "GET_REGS never got EBUSY while the guest ran");
+    check_eq!(busy.1, Some(Err(libc::EINTR)), "the kicked RUN");
+    Ok(())
+}
+
 fn main() -> ExitCode {
     t::run(&[
         ("tiny_guest_runs", tiny_guest_runs),
@@ -1354,5 +1799,8 @@ fn main() -> ExitCode {
         ("irqfd_signalled_before_bind", irqfd_signalled_before_bind),
         ("ioeventfd_kicks", ioeventfd_kicks),
         ("kicks_100000", kicks_100000),
+        ("last_guest_page", last_guest_page),
+        ("mov_ss_and_tf", mov_ss_and_tf),
+        ("second_thread_during_run", second_thread_during_run),
     ])
 }
