@@ -126,11 +126,18 @@ impl LguestFile {
         )
         .reader()
         .read()?;
-        let mut vm = self.vm_now()?;
-        if vm.is_some() {
+        if self.vm_now()?.is_some() {
             return Err(EEXIST);
         }
-        *vm = Some(Vm::create(&cfg, self.notifiers.clone())?);
+        // Pinning may take long (or wait on the launcher's own page-fault
+        // handling): not with the lock held, which RUN waits for.
+        let new = Vm::create(&cfg, self.notifiers.clone())?;
+        let mut vm = self.vm_now()?;
+        if vm.is_some() {
+            // Another thread's CREATE_VM won the race.
+            return Err(EEXIST);
+        }
+        *vm = Some(new);
         *self.runs.lock() = Some(KVec::new());
         Ok(0)
     }
@@ -156,8 +163,8 @@ impl LguestFile {
         self.irq.set_task(Some(ARef::from(&**current!())));
         let _running = Running(&self.running, &self.irq);
         loop {
-            // Other holders of the lock are ioctls that never sleep with
-            // it, so this wait is short.
+            // Other holders of the lock are ioctls that never sleep or
+            // touch the launcher's memory with it, so this wait is short.
             let step = {
                 let mut guard = self.vm.lock();
                 Option::as_mut(&mut *guard).ok_or(ENOENT)?.run(vcpu)?
@@ -179,8 +186,12 @@ impl LguestFile {
         if req.pad != 0 {
             return Err(EINVAL);
         }
-        let vm = self.vm_now()?;
-        req.regs = vm.as_ref().ok_or(ENOENT)?.get_regs(req.vcpu as usize)?;
+        req.regs = self
+            .vm_now()?
+            .as_ref()
+            .ok_or(ENOENT)?
+            .get_regs(req.vcpu as usize)?;
+        // Written back without the lock (the launcher's memory may fault).
         w.write(&req)?;
         Ok(0)
     }

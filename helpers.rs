@@ -42,12 +42,13 @@ mod ffi {
         pub(super) fn lg_irqfd_detach(irqfd: *mut core::ffi::c_void);
         pub(super) fn lg_irqfd_matches(irqfd: *mut core::ffi::c_void, fd: i32) -> bool;
         pub(super) fn lg_self_nmi();
-        pub(super) fn lg_vmap(pages: *mut *mut bindings::page, count: u32) -> *mut u8;
+        pub(super) fn lg_vmap(pages: *mut *mut core::ffi::c_void, count: u32) -> *mut u8;
         pub(super) fn lg_vunmap(addr: *mut u8);
         pub(super) fn lg_host_ist(out: *mut u64);
         pub(super) fn lg_machine_check_user(ip: usize);
         pub(super) fn lg_notify_resume_pending() -> bool;
         pub(super) fn lg_host_refusal() -> *const core::ffi::c_char;
+        pub(super) fn lg_refusal_text(n: u32) -> *const core::ffi::c_char;
         pub(super) fn lg_user_shstk() -> bool;
         pub(super) fn lg_meltdown_without_pti() -> bool;
         pub(super) fn lg_eventfd_get(fd: i32, err: *mut i32) -> *mut core::ffi::c_void;
@@ -143,7 +144,7 @@ pub(crate) fn notify_resume_pending() -> bool {
 /// [`vunmap`].
 pub(crate) unsafe fn vmap(pages: &mut [*mut bindings::page]) -> *mut u8 {
     // SAFETY: The caller guarantees the pages; the slice gives the count.
-    unsafe { ffi::lg_vmap(pages.as_mut_ptr(), pages.len() as u32) }
+    unsafe { ffi::lg_vmap(pages.as_mut_ptr().cast(), pages.len() as u32) }
 }
 
 /// Undoes [`vmap`].
@@ -178,6 +179,22 @@ pub(crate) fn machine_check_user(ip: u64) {
 pub(crate) fn host_refusal() -> Option<&'static core::ffi::CStr> {
     // SAFETY: Returns null or a static string.
     let p = unsafe { ffi::lg_host_refusal() };
+    // SAFETY: A non-null result is a NUL-terminated static string.
+    (!p.is_null()).then(|| unsafe { core::ffi::CStr::from_ptr(p) })
+}
+
+/// The host refusals `lg_helpers.c` words, by kind (for simulating them).
+#[derive(Clone, Copy)]
+pub(crate) enum Refusal {
+    MemEncrypt = 1,
+    Tdx = 2,
+    XenPv = 3,
+}
+
+/// The message `host_refusal` gives for `kind`.
+pub(crate) fn host_refusal_text(kind: Refusal) -> Option<&'static core::ffi::CStr> {
+    // SAFETY: Returns null or a static string.
+    let p = unsafe { ffi::lg_refusal_text(kind as u32) };
     // SAFETY: A non-null result is a NUL-terminated static string.
     (!p.is_null()).then(|| unsafe { core::ffi::CStr::from_ptr(p) })
 }

@@ -27,9 +27,22 @@ const CR4_FRED: u64 = 1 << 32;
 const EFER_LMA: u64 = 1 << 10;
 const EFER_NXE: u64 = 1 << 11;
 
+/// What `simulate_refusal` (a module parameter, for the tests of these
+/// messages) makes the checks believe.
+const SIMULATE_FRED: u32 = 1;
+const SIMULATE_MEM_ENCRYPT: u32 = 2;
+const SIMULATE_TDX: u32 = 4;
+const SIMULATE_XEN_PV: u32 = 8;
+
 /// Refuses hosts that lguest cannot run on, saying why in the kernel log.
-pub(crate) fn check_host() -> Result {
-    let cr4 = helpers::read_cr4();
+/// `simulate` pretends the host has the features its bits name.
+pub(crate) fn check_host(simulate: u32) -> Result {
+    let cr4 = helpers::read_cr4()
+        | if simulate & SIMULATE_FRED != 0 {
+            CR4_FRED
+        } else {
+            0
+        };
     let efer = helpers::read_efer();
     if cr4 & CR4_FRED != 0 {
         pr_err!("FRED is active on this host (CR4.FRED); the switcher needs IDT event delivery: boot with fred=off\n");
@@ -39,8 +52,19 @@ pub(crate) fn check_host() -> Result {
         pr_err!("needs long mode with no-execute pages (EFER {:#x})\n", efer);
         return Err(ENODEV);
     }
-    if let Some(why) = helpers::host_refusal() {
-        pr_err!("cannot run on this host: {}\n", why.to_str().unwrap_or("(unprintable)"));
+    let simulated = match simulate {
+        s if s & SIMULATE_MEM_ENCRYPT != 0 => {
+            helpers::host_refusal_text(helpers::Refusal::MemEncrypt)
+        }
+        s if s & SIMULATE_TDX != 0 => helpers::host_refusal_text(helpers::Refusal::Tdx),
+        s if s & SIMULATE_XEN_PV != 0 => helpers::host_refusal_text(helpers::Refusal::XenPv),
+        _ => None,
+    };
+    if let Some(why) = simulated.or_else(helpers::host_refusal) {
+        pr_err!(
+            "cannot run on this host: {}\n",
+            why.to_str().unwrap_or("(unprintable)")
+        );
         return Err(ENODEV);
     }
     let on = |bit: u64| if cr4 & bit != 0 { "on" } else { "off" };

@@ -332,16 +332,29 @@ bool lg_notify_resume_pending(void)
  * and SEV-ES guests take #VE/#VC exceptions on the switcher's MSR writes;
  * under Xen PV lgdt, lidt and wrmsr fault.
  */
+static const char *const lg_refusals[] = {
+	"memory encryption is active (AMD SME): shadow page tables would need the encryption bit",
+	"this host's memory is encrypted (an SEV, SEV-ES or SNP guest, or a confidential-computing host)",
+	"this host is a TDX guest: the switcher's MSR and descriptor-table writes would raise #VE",
+	"this host is a Xen PV guest: lgdt, lidt and wrmsr are not allowed",
+};
+
+/* The text of refusal `n` (0-3 as above), for the simulated refusals. */
+const char *lg_refusal_text(unsigned int n)
+{
+	return n < ARRAY_SIZE(lg_refusals) ? lg_refusals[n] : NULL;
+}
+
 const char *lg_host_refusal(void)
 {
 	if (sme_me_mask)
-		return "memory encryption is active (AMD SME): shadow page tables would need the encryption bit";
+		return lg_refusals[0];
 	if (cc_platform_has(CC_ATTR_HOST_MEM_ENCRYPT) || cc_platform_has(CC_ATTR_GUEST_MEM_ENCRYPT))
-		return "this host's memory is encrypted (an SEV, SEV-ES or SNP guest, or a confidential-computing host)";
+		return lg_refusals[1];
 	if (cpu_feature_enabled(X86_FEATURE_TDX_GUEST))
-		return "this host is a TDX guest: the switcher's MSR and descriptor-table writes would raise #VE";
+		return lg_refusals[2];
 	if (cpu_feature_enabled(X86_FEATURE_XENPV))
-		return "this host is a Xen PV guest: lgdt, lidt and wrmsr are not allowed";
+		return lg_refusals[3];
 	return NULL;
 }
 

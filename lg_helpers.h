@@ -45,6 +45,7 @@ void lg_host_ist(u64 *out);
 void lg_machine_check_user(unsigned long ip);
 bool lg_notify_resume_pending(void);
 const char *lg_host_refusal(void);
+const char *lg_refusal_text(unsigned int n);
 bool lg_user_shstk(void);
 bool lg_meltdown_without_pti(void);
 

@@ -50,6 +50,12 @@ module! {
     authors: ["The lguest-rs developers"],
     description: "lguest: a paravirtual hypervisor without VMX/SVM",
     license: "GPL",
+    params: {
+        simulate_refusal: u32 {
+            default: 0,
+            description: "For tests only: refuse to load as on a host that has (1) FRED, (2) encrypted memory, (4) TDX, (8) Xen PV",
+        },
+    },
 }
 
 /// The module: the misc device registration, and the switcher (global, in
@@ -65,7 +71,8 @@ struct LguestModule {
 impl kernel::InPlaceModule for LguestModule {
     fn init(_module: &'static ThisModule) -> impl PinInit<Self, Error> {
         try_pin_init!(Self {
-            _switcher: host::check_host().and_then(|()| switcher::SwitcherGuard::new())?,
+            _switcher: host::check_host(module_parameters::simulate_refusal.value())
+                .and_then(|()| switcher::SwitcherGuard::new())?,
             _miscdev <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"lguest" }),
         })
     }

@@ -22,7 +22,6 @@
 use kernel::{
     alloc::flags::{
         __GFP_ZERO, //
-        GFP_KERNEL,
         GFP_KERNEL_ACCOUNT,
     },
     bindings,
@@ -96,7 +95,6 @@ impl HostPage {
 /// `pages[i]` is a pinned page backing launcher address `base + i * 4096`
 /// (at VM creation), held until `Drop`.
 pub(crate) struct GuestMemory {
-    base: u64,
     pages: KVVec<usize>,
 }
 
@@ -111,8 +109,7 @@ impl GuestMemory {
     pub(crate) fn pin(base: u64, size: u64) -> Result<Self> {
         let npages = (size / PAGE_SIZE) as usize;
         let mut mem = GuestMemory {
-            base,
-            pages: KVVec::with_capacity(npages, GFP_KERNEL)?,
+            pages: KVVec::with_capacity(npages, GFP_KERNEL_ACCOUNT)?,
         };
         while mem.pages.len() < npages {
             let done = mem.pages.len();
@@ -194,11 +191,6 @@ impl GuestMemory {
     /// Size in bytes.
     pub(crate) fn size(&self) -> u64 {
         self.pages.len() as u64 * PAGE_SIZE
-    }
-
-    /// The launcher address of guest-physical 0.
-    pub(crate) fn base(&self) -> u64 {
-        self.base
     }
 
     /// Host physical address of guest page frame `gfn`, if it is RAM.

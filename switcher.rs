@@ -136,9 +136,10 @@ impl Gate {
 
 /// Segment descriptors of our GDT.
 mod descriptor {
-    /// A flat code (`code` true, 64-bit) or data segment at privilege `dpl`.
+    /// A flat code (`code` true, 64-bit) or data segment at privilege `dpl`,
+    /// marked accessed (as Linux's are: the CPU need not write it).
     pub(super) const fn flat(code: bool, dpl: u64) -> u64 {
-        let access = 0x80 | (dpl << 5) | 0x10 | if code { 0x0a } else { 0x02 };
+        let access = 0x80 | (dpl << 5) | 0x10 | if code { 0x0b } else { 0x03 };
         let flags: u64 = if code { 0xa } else { 0xc }; // L (code) or D/B, and G
         0xffff | (access << 40) | (0xf << 48) | (flags << 52)
     }
@@ -299,7 +300,10 @@ const fn asm_define(name: &str) -> usize {
                     j += 1;
                     digits += 1;
                 }
-                assert!(digits > 0, "an LG_ define of switcher_64.S is not a decimal number");
+                assert!(
+                    digits > 0,
+                    "an LG_ define of switcher_64.S is not a decimal number"
+                );
                 return v;
             }
         }
@@ -379,10 +383,18 @@ pub(crate) enum Exit {
     /// The guest's RIP or RSP is not an address it may run at: it was not
     /// entered.
     BadState { rip: u64, rsp: u64 },
+    /// A machine check hit the guest; the host's handler has run (as for a
+    /// user-mode #MC) and may have queued work for the launcher's return to
+    /// user mode (a memory-failure kill).
+    MachineCheck,
     /// The switcher itself took exception `vector` in ring 0, at switcher
     /// offset `offset` (an iretq the guest arranged to fault, say). Nothing
     /// of the guest's registers is known any more.
-    SwitcherFault { vector: u64, error: u64, offset: u64 },
+    SwitcherFault {
+        vector: u64,
+        error: u64,
+        offset: u64,
+    },
 }
 
 /// The per-vCPU state the switcher loads and saves.
@@ -494,7 +506,8 @@ impl Blocks {
         };
         for _ in 0..n {
             // SAFETY: alloc_pages may be called from process context.
-            let page = unsafe { bindings::alloc_pages(bindings::GFP_KERNEL | bindings::__GFP_ZERO, 0) };
+            let page =
+                unsafe { bindings::alloc_pages(bindings::GFP_KERNEL | bindings::__GFP_ZERO, 0) };
             if page.is_null() {
                 return Err(ENOMEM);
             }
@@ -706,7 +719,10 @@ impl Switcher {
     ) -> Result<Exit> {
         let r = vcpu.regs;
         if !GuestCpu::enterable(r.rip, r.rsp) {
-            return Ok(Exit::BadState { rip: r.rip, rsp: r.rsp });
+            return Ok(Exit::BadState {
+                rip: r.rip,
+                rsp: r.rsp,
+            });
         }
         let _irqs_off = helpers::IrqGuard::new();
         if irq.raised() != seen {
@@ -831,6 +847,13 @@ impl Switcher {
             // user process: the handler may queue a kill for it.
             helpers::machine_check_user(vcpu.regs.rip);
         }
+        if b.exit.db_count != 0 {
+            b.exit.db_count = 0;
+            kernel::pr_info_once!(
+                "a #DB hit the switcher in ring 0 (DR6 {:#x}: a launcher's data breakpoint and a guest's mov ss?); ignored\n",
+                b.exit.db_dr6
+            );
+        }
         if fault {
             let (start, _) = helpers::switcher_text();
             return Ok(Exit::SwitcherFault {
@@ -842,7 +865,10 @@ impl Switcher {
         if aborted {
             return Ok(Exit::Aborted);
         }
-        if guest_nmi || ring0_nmi || guest_mc || ring0_mc {
+        if guest_mc {
+            return Ok(Exit::MachineCheck);
+        }
+        if guest_nmi || ring0_nmi || ring0_mc {
             return Ok(Exit::HostEvent);
         }
         if vector == 1 {
@@ -885,7 +911,10 @@ impl Switcher {
             // Linux fills every gate, so this cannot happen; if it did,
             // the interrupt would stay unacknowledged (a module cannot
             // reach the APIC's EOI): say so once.
-            pr_warn_once!("host IDT has no gate for vector {}: interrupt not acknowledged\n", vector);
+            kernel::pr_warn_once!(
+                "host IDT has no gate for vector {}: interrupt not acknowledged\n",
+                vector
+            );
             return;
         }
         // SAFETY: Interrupts are still off and the interrupt arrived on this

@@ -38,7 +38,8 @@
  *   mov cr3 .. iretq                        all ours (guest GS base)
  *   guest                                   all ours
  *   stub .. lguest_restore_host's cr3       all ours
- *   cr3 .. lidt                             host CR3/GDT/GS, our TSS/IDT
+ *   cr3 .. GS base                          host CR3, ours otherwise
+ *   GS base .. lidt                         host CR3/GDT/GS, our TSS/IDT
  *   lidt .. ltr                             host CR3/GDT/IDT, our TSS
  *   ltr ..                                  host all
  *
@@ -53,6 +54,7 @@
  */
 #include <linux/linkage.h>
 #include <linux/objtool.h>
+#include <linux/stringify.h>
 #include <asm/asm.h>
 #include <asm/alternative.h>
 #include <asm/cpufeatures.h>
@@ -299,7 +301,7 @@ SYM_INNER_LABEL(lguest_entry_window, SYM_L_GLOBAL)
 	 * (the frame's RIP slot), so the selector in the exit page is found
 	 * from it. VERW clobbers ZF; the iretq reloads RFLAGS.
 	 */
-	ALTERNATIVE "", "verw (LG_VERW_SEL - LG_FRAME - 17 * 8)(%rsp)", X86_FEATURE_CLEAR_CPU_BUF
+	ALTERNATIVE "", __stringify(verw (LG_VERW_SEL - LG_FRAME - 17 * 8)(%rsp)), X86_FEATURE_CLEAR_CPU_BUF
 SYM_INNER_LABEL(lguest_iretq, SYM_L_GLOBAL)
 	iretq
 SYM_INNER_LABEL(lguest_entry_window_end, SYM_L_GLOBAL)
@@ -409,36 +411,19 @@ SYM_CODE_START_LOCAL(lguest_restore_host)
 	UNWIND_HINT_UNDEFINED
 	mov	LG_HOST_CR3(%rdi), %rax
 	mov	%rax, %cr3
-	/*
-	 * Speculation: this is the kernel's entry from user mode, so it does
-	 * what entry_64.S does there, before the first RET: return-stack
-	 * untraining (Retbleed, SRSO), the IBPB of ibpb-on-entry, and the
-	 * branch-history clearing (BHI). IBRS needs nothing: SPEC_CTRL keeps
-	 * the kernel's value while the guest runs.
-	 */
-	VALIDATE_UNRET_END
-	CALL_UNTRAIN_RET
-	ALTERNATIVE "", "call lguest_ibpb", X86_FEATURE_ENTRY_IBPB
-	ALTERNATIVE_2 "", "call lguest_clear_bhb_loop", X86_FEATURE_CLEAR_BHB_LOOP, \
-		"call lguest_clear_bhb_loop", X86_FEATURE_CLEAR_BHB_VMEXIT
 	test	%r15d, %r15d
 	jz	1f
 	mov	%r12, LG_GUEST_CR2(%rdi)
 	mov	%r13, LG_GUEST_FS_BASE(%rdi)
 	mov	%r14, LG_GUEST_GS_BASE(%rdi)
 1:
-	cmpl	$0, LG_CET_ON(%rdi)
-	je	2f
-	WRMSR_FROM MSR_IA32_U_CET, LG_HOST_U_CET
-	WRMSR_FROM MSR_IA32_PL3_SSP, LG_HOST_PL3_SSP
-2:
-	/* CR0 (TS) before a host handler can run on the host IDT. */
-	mov	LG_HOST_CR0(%rdi), %rax
-	mov	%rax, %cr0
 	/*
 	 * The host's GDT (its writable alias), its selectors and its FS/GS
 	 * bases come back while our IDT is still live: from the host's lidt
 	 * on, a host NMI handler may run and must find the host's GS base.
+	 * No call and no RET before the GS base is the host's: with call-depth
+	 * tracking the return thunk counts in a per-CPU variable through GS,
+	 * which is the guest's until here.
 	 */
 	lgdt	LG_HOST_GDTR_RW(%rdi)
 	lldt	LG_HOST_LDT(%rdi)
@@ -448,6 +433,28 @@ SYM_CODE_START_LOCAL(lguest_restore_host)
 	mov	LG_HOST_GS(%rdi), %gs
 	WRMSR_FROM MSR_FS_BASE, LG_HOST_FS_BASE
 	WRMSR_FROM MSR_GS_BASE, LG_HOST_GS_BASE
+	/*
+	 * Speculation: this is the kernel's entry from user mode, so it does
+	 * what entry_64.S does there, before the first RET (UNTRAIN_RET):
+	 * return-stack untraining (Retbleed, SRSO), the IBPB of ibpb-on-entry
+	 * or the call-depth reset, and the branch-history clearing (BHI). IBRS
+	 * needs nothing: SPEC_CTRL keeps the kernel's value while the guest
+	 * runs.
+	 */
+	VALIDATE_UNRET_END
+	CALL_UNTRAIN_RET
+	ALTERNATIVE_2 "", "call lguest_ibpb", X86_FEATURE_ENTRY_IBPB, \
+		__stringify(RESET_CALL_DEPTH), X86_FEATURE_CALL_DEPTH
+	ALTERNATIVE_2 "", "call lguest_clear_bhb_loop", X86_FEATURE_CLEAR_BHB_LOOP, \
+		"call lguest_clear_bhb_loop", X86_FEATURE_CLEAR_BHB_VMEXIT
+	cmpl	$0, LG_CET_ON(%rdi)
+	je	2f
+	WRMSR_FROM MSR_IA32_U_CET, LG_HOST_U_CET
+	WRMSR_FROM MSR_IA32_PL3_SSP, LG_HOST_PL3_SSP
+2:
+	/* CR0 (TS) before a host handler can run on the host IDT. */
+	mov	LG_HOST_CR0(%rdi), %rax
+	mov	%rax, %cr0
 	lidt	LG_HOST_IDTR(%rdi)
 	/*
 	 * The host's TSS descriptor is busy (it was current when we left), and

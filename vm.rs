@@ -352,10 +352,9 @@ impl Vm {
                 v.write_exit(uapi::LGUEST_EXIT_KILLED, 0, 0, 0, reason.bytes());
                 return Ok(RunStep::Exit(0));
             }
-            // A signal, the freezer (its fake signal), or work queued for
-            // the return to user mode (a memory-failure kill after a machine
-            // check) all end RUN: the launcher's thread meets them there.
-            if helpers::signal_pending() || helpers::notify_resume_pending() {
+            // A signal, or the freezer's fake one, ends RUN: the launcher's
+            // thread meets it on its way back to user mode.
+            if helpers::signal_pending() {
                 return Err(EINTR);
             }
             helpers::cond_resched();
@@ -397,6 +396,14 @@ impl Vm {
             let (vector, error, cr2) = match exit {
                 Exit::Trap { vector, error, cr2 } => (vector, error, cr2),
                 Exit::Aborted | Exit::HostEvent => continue,
+                Exit::MachineCheck => {
+                    // Work the handler queued (a memory-failure kill) runs on
+                    // the return to user mode.
+                    if helpers::notify_resume_pending() {
+                        return Err(EINTR);
+                    }
+                    continue;
+                }
                 Exit::BadState { rip, rsp } => {
                     let k: Result<(), Kill> = kill!(
                         "the guest cannot run at rip {rip:#x} with rsp {rsp:#x}: beyond the last guest page"
@@ -406,8 +413,12 @@ impl Vm {
                     }
                     continue;
                 }
-                Exit::SwitcherFault { vector, error, offset } => {
-                    pr_err_once!(
+                Exit::SwitcherFault {
+                    vector,
+                    error,
+                    offset,
+                } => {
+                    kernel::pr_err_once!(
                         "the switcher took exception {} (error {:#x}) in ring 0 at offset {:#x}; the guest was killed\n",
                         vector,
                         error,
@@ -701,4 +712,3 @@ impl Drop for Vm {
             .account_locked((self.mem.size() / PAGE_SIZE) as usize, false);
     }
 }
-

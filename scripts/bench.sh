@@ -25,10 +25,16 @@ addrs = [int(m.group(1), 16) for m in re.finditer(r"^ +([0-9a-f]+):\s",
          subprocess.run(["llvm-objdump-19", "-d", "--no-show-raw-insn", ko], capture_output=True, text=True).stdout, re.M)]
 def n(a, b):
     return sum(1 for x in addrs if a <= x < b)
-entry = n(syms["lguest_switch_to_guest"][0], syms["lguest_iretq"][0] + 1)
-back = n(syms["lguest_host_return"][0], syms["lguest_exit_common"][0])
-rs = syms["lguest_restore_host"]
-out = 4 + n(syms["lguest_exit_common"][0], rs[0] + rs[1])
+def whole(name):
+    a, size = syms[name]
+    return n(a, a + size)
+sw = syms["lguest_switch_to_guest"]
+entry = n(sw[0], syms["lguest_iretq"][0] + 1)
+back = n(syms["lguest_host_return"][0], sw[0] + sw[1])
+# The stub (ENDBR, push, push, jmp), the exit path and the way home. The
+# mitigation sites (untraining, IBPB, BHB clearing, VERW) are alternatives:
+# on a host without the feature they are NOPs, counted here as such.
+out = 4 + whole("lguest_exit_common") + whole("lguest_restore_host")
 print(f"bench: switcher_insns_entry {entry} insns (lguest_switch_to_guest to the iretq)")
 print(f"bench: switcher_insns_exit {out + back} insns (stub, lguest_exit_common, lguest_restore_host, return)")
 print(f"bench: switcher_insns_round_trip {entry + out + back} insns")

@@ -7,7 +7,8 @@
 #   T=PROG[:TEST],...   run only these (e.g. T=lguest_dev_test:api_version)
 #   CPUS="max,la57=off max"   the CPU models (4-level and 5-level paging)
 #   FLAVOUR=debug       use the debug host kernel (KASAN, lockdep, kmemleak)
-#   LONG=1              also run the long programs (the fuzzers)
+#   LONG=1              run the long programs (the fuzzers) whole, not in
+#                       their short form (LGUEST_SMOKE=1)
 #   WATCHDOG=SECONDS    limit for one whole boot (default 1200, debug 3600)
 # Every console log is kept in $CACHE/logs/.
 set -euo pipefail

@@ -144,8 +144,14 @@ pub fn module_path() -> Option<String> {
 
 /// Loads a module from a file with `finit_module(2)`.
 pub fn load_module(path: &str) -> Result<(), i32> {
+    load_module_with(path, "")
+}
+
+/// Loads a module from a file with `finit_module(2)` and parameters
+/// (`name=value ...`).
+pub fn load_module_with(path: &str, params: &str) -> Result<(), i32> {
     let f = File::open(path).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
-    let params = c"";
+    let params = CString::new(params).map_err(|_| libc::EINVAL)?;
     // SAFETY: `f` is an open file and `params` a NUL-terminated string, both
     // alive across the call; finit_module reads nothing else of ours.
     let ret = unsafe { libc::syscall(libc::SYS_finit_module, f.as_raw_fd(), params.as_ptr(), 0) };

@@ -71,8 +71,9 @@ pub const PAGE_SIZE: u64 = 4096;
 pub const LARGE_PAGE_SIZE: u64 = 2 << 20;
 /// The first user address: top-level entry 1 (512 GiB).
 pub const USER_START: u64 = 1 << 39;
-/// The end of user space (and of the lower half).
-pub const USER_END: u64 = 1 << 47;
+/// The end of user space: the host's [`GUEST_VA_END`](crate::abi::GUEST_VA_END), one page below
+/// the end of the lower half (that last page is never the guest's).
+pub const USER_END: u64 = crate::abi::GUEST_VA_END;
 
 /// Entry bits.
 pub mod pte {

@@ -78,6 +78,7 @@ use lguest_guest::abi::{
     LHCALL_NEW_PGTABLE, LHCALL_NOTIFY, LHCALL_SEND_INTERRUPTS, LHCALL_SET_CLOCKEVENT, LHCALL_SET_PGD, LHCALL_SET_PMD,
     LHCALL_SET_PTE, LHCALL_SET_STACK, LHCALL_SHUTDOWN, LHCALL_TS, X86_EFLAGS_IF,
 };
+use lguest_guest::abi::GUEST_VA_END;
 use lguest_guest::interrupts::{self, GATE_INTERRUPT, GATE_TRAP};
 use lguest_guest::{clock, crash, crash_fmt, data, entry, paravirt, poweroff_fmt, println, Args};
 
@@ -365,8 +366,8 @@ impl Fuzz {
                 };
                 let handler = match self.rng.below(4) {
                     0 => 0,
-                    1 => self.rng.pick(&[1, 0x1000, LOAD_MIN, (1 << 47) - 1, (1 << 47) - 16, stub(3)]),
-                    _ => self.rng.below(1 << 47),
+                    1 => self.rng.pick(&[1, 0x1000, LOAD_MIN, GUEST_VA_END - 1, GUEST_VA_END - 16, stub(3)]),
+                    _ => self.rng.below(GUEST_VA_END),
                 };
                 [v, handler, gate]
             }
@@ -652,7 +653,7 @@ impl Fuzz {
         if self.rng.chance(500) {
             let stack = match self.rng.below(3) {
                 0 => 0,
-                1 => 1 << 47,
+                1 => self.rng.pick(&[1 << 47, GUEST_VA_END + 8]),
                 _ => {
                     let high = (1 << 47) + self.rng.below(1 << 40);
                     self.rng.pick(&[u64::MAX, 0xffff_8000_0000_0000, high])
@@ -695,7 +696,7 @@ impl Fuzz {
             2 => {
                 let v = good_vector(&mut self.rng);
                 let h = match self.rng.below(3) {
-                    0 => 1 << 47,
+                    0 => self.rng.pick(&[1 << 47, GUEST_VA_END, GUEST_VA_END + 0x800]),
                     1 => self.rng.pick(&[u64::MAX, 0xffff_8000_0000_0000, 0x8000_0000_0000_0000]),
                     _ => self.rng.next() | (1 << 47),
                 };

@@ -155,6 +155,48 @@ fn load_unload_loop() -> TestResult {
     api_version()
 }
 
+/// The last lines of the kernel log.
+fn dmesg_tail(n: usize) -> String {
+    let out = std::process::Command::new("dmesg").output().map(|o| o.stdout).unwrap_or_default();
+    let s = String::from_utf8_lossy(&out).into_owned();
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// The hosts the module refuses (simulated with its `simulate_refusal`
+/// parameter, since the CPU and the platform cannot be changed here): the
+/// load fails with ENODEV and the kernel log says why; then it loads.
+fn refused_hosts() -> TestResult {
+    let path = need_module_file()?;
+    if let Err(e) = t::unload_module("lguest") {
+        fail!("unload: {}", t::errname(e));
+    }
+    let cases = [
+        (1, "FRED is active on this host"),
+        (2, "this host's memory is encrypted"),
+        (4, "this host is a TDX guest"),
+        (8, "this host is a Xen PV guest"),
+    ];
+    let mut res = Ok(());
+    for (bit, want) in cases {
+        let r = t::load_module_with(&path, &format!("simulate_refusal={bit}"));
+        let log = dmesg_tail(5);
+        if r != Err(libc::ENODEV) {
+            res = Err(t::NotPassed::Fail(format!("simulate_refusal={bit}: load gave {r:?}, expected ENODEV")));
+        } else if !log.contains(want) {
+            res = Err(t::NotPassed::Fail(format!("simulate_refusal={bit}: no {want:?} in the log: {log}")));
+        }
+        if t::module_loaded("lguest") {
+            let _ = t::unload_module("lguest");
+        }
+        if res.is_err() {
+            break;
+        }
+    }
+    reload(&path)?;
+    res
+}
+
 fn main() -> ExitCode {
     t::run(&[
         ("open_close", open_close),
@@ -163,5 +205,6 @@ fn main() -> ExitCode {
         ("unknown_ioctl", unknown_ioctl),
         ("unload_while_open", unload_while_open),
         ("load_unload_loop", load_unload_loop),
+        ("refused_hosts", refused_hosts),
     ])
 }

@@ -83,8 +83,13 @@ fn plan() -> Plan {
             page_table_updates: PAGE_TABLE_UPDATES,
         };
     }
+    // LGUEST_FUZZ_BASE=N replays a short run (its base is printed).
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let base = (now.as_secs() ^ (now.subsec_nanos() as u64) << 16) % 1_000_000 * 10_000;
+    let base = std::env::var("LGUEST_FUZZ_BASE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or((now.as_secs() ^ (now.subsec_nanos() as u64) << 16) % 1_000_000 * 10_000);
+    println!("# short run: seed base {base} (LGUEST_FUZZ_BASE={base} replays it)");
     Plan {
         base,
         valid_ops: VALID_OPS / 10,

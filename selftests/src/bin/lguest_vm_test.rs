@@ -1519,12 +1519,13 @@ fn run_to_kill(vm: &TestVm, runs: usize) -> Result<(String, Vec<u64>), t::NotPas
 fn last_guest_page() -> TestResult {
     let end = abi::GUEST_VA_END;
     // (code, where it ends, r12, r13, the kill reason wanted, NOTIFYs wanted)
-    let cases: [(&[u8], u64, u64, u64, &str, &[u64]); 8] = [
+    type Case<'a> = (&'a [u8], u64, u64, u64, &'a str, &'a [u64]);
+    let cases: [Case; 8] = [
         // A hypercall in the last two bytes: it is made, then RIP is the
         // end, where the guest may not run.
         (NOTIFY_77, end, 0, 0, "beyond the last guest page", &[0x77]),
         // The same code in the top page: that page is never mapped.
-        (NOTIFY_77, 1 << 47, 0, 0, "page fault at 0x7ffffffffff", &[]),
+        (NOTIFY_77, 1 << 47, 0, 0, "page fault at 0x7fffffffffef (error 0x10)", &[]),
         // ud2, int3 and a faulting load in the last bytes.
         (&[0x0f, 0x0b], end, 0, 0, "#UD invalid opcode", &[]),
         (&[0xcc], end, 0, 0, "#BP breakpoint", &[]),
@@ -1657,7 +1658,9 @@ fn mov_ss_and_tf() -> TestResult {
     // TF, then a hypercall: the hypercall is made (INT clears TF for its
     // handler), and the single-step trap comes after the next instruction.
     let pushf_tf_popf = [0x9c, 0x81, 0x0c, 0x24, 0x00, 0x01, 0x00, 0x00, 0x9d];
-    let mut prog = GUEST_OK[..12].to_vec();
+    const STACK: [u8; 5] = [0xbc, 0x00, 0x00, 0x17, 0x00]; // mov $0x170000, %esp
+    let mut prog = STACK.to_vec();
+    prog.extend_from_slice(&GUEST_OK[..12]);
     prog.extend_from_slice(&NOTIFY_77[..15]);
     prog.extend_from_slice(&pushf_tf_popf);
     prog.extend_from_slice(&[0xcd, 0x1f, 0x90, 0x90, 0xeb, 0xfe]);
@@ -1667,7 +1670,8 @@ fn mov_ss_and_tf() -> TestResult {
     check_eq!(notes, vec![0x77u64], "TF: the hypercall before the single-step trap");
     no_host_address(&vm, "TF")?;
     // TF, then ud2: the fault comes before any single-step trap.
-    let mut prog = GUEST_OK[..12].to_vec();
+    let mut prog = STACK.to_vec();
+    prog.extend_from_slice(&GUEST_OK[..12]);
     prog.extend_from_slice(&pushf_tf_popf);
     prog.extend_from_slice(&[0x0f, 0x0b]);
     let vm = TestVm::new(&prog)?;
