@@ -13,12 +13,16 @@
 use core::mem::offset_of;
 use kernel::{
     bindings,
-    prelude::*,
-    str::CString, //
+    prelude::*, //
 };
 
 use crate::{
-    interrupts, paging,
+    interrupts,
+    kill::{
+        kill,
+        Kill, //
+    },
+    paging,
     uapi::{
         self,
         HcallArgs,
@@ -29,32 +33,6 @@ use crate::{
         Vm, //
     },
 };
-
-/// Why the host kills a guest.
-pub(crate) enum Kill {
-    /// The reason, for the launcher and the kernel log.
-    Reason(CString),
-    /// There was not even memory to format the reason.
-    NoMemory,
-}
-
-impl Kill {
-    /// The reason as bytes (no NUL).
-    pub(crate) fn bytes(&self) -> &[u8] {
-        match self {
-            Kill::Reason(s) => s.to_bytes(),
-            Kill::NoMemory => b"killed (out of memory while formatting the reason)",
-        }
-    }
-}
-
-/// Builds a kill reason.
-macro_rules! kill {
-    ($($arg:tt)*) => {
-        Err(CString::try_from_fmt(fmt!($($arg)*)).map_or(Kill::NoMemory, Kill::Reason))
-    };
-}
-pub(crate) use kill;
 
 /// The name of a hypercall, for messages.
 fn name(nr: u64) -> &'static str {

@@ -19,14 +19,12 @@
 //! mutex held.
 
 use core::mem::offset_of;
-use kernel::{
-    prelude::*,
-    str::CString, //
-};
+use kernel::prelude::*;
 
 use crate::{
-    hcall::{
+    kill::{
         kill,
+        trap_name,
         Kill, //
     },
     switcher::GuestCpu,
@@ -282,7 +280,7 @@ pub(crate) fn reflect_trap(
     } else {
         kill!(
             "unhandled trap: {} (vector {vector}, error {error:#x}) at rip {rip:#x}",
-            crate::vm::trap_name(vector)
+            trap_name(vector)
         )
     }
 }

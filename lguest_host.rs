@@ -7,6 +7,7 @@
 //! - [`host`]: what the module requires of the host CPU, checked at load;
 //! - [`dev`]: the `/dev/lguest` misc device and its ioctls;
 //! - [`vm`]: a guest and its run loop; [`hcall`]: its hypercalls;
+//! - [`kill`]: the reasons a guest is killed for;
 //! - [`interrupts`]: the guest's IDT, delivery, `irq_pending`, HALT;
 //! - [`irq`]: interrupt sources: pending bits, the clock-event timer;
 //! - [`mm`]: pinned guest memory and shadow page tables;
@@ -32,6 +33,7 @@ mod helpers;
 mod host;
 mod interrupts;
 mod irq;
+mod kill;
 mod mm;
 mod notify;
 mod paging;

@@ -38,13 +38,10 @@
 //! points outside guest RAM kills the guest. Called from the run loop and
 //! the hypercalls, with the VM's mutex held.
 
-use kernel::{
-    prelude::*,
-    str::CString, //
-};
+use kernel::prelude::*;
 
 use crate::{
-    hcall::{
+    kill::{
         kill,
         Kill, //
     },

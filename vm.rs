@@ -14,17 +14,11 @@ use core::sync::atomic::{
 };
 use kernel::{
     prelude::*,
-    str::CString,
     sync::Arc, //
 };
 
 use crate::{
-    hcall::{
-        self,
-        kill,
-        Kill, //
-    },
-    helpers,
+    hcall, helpers,
     interrupts::{
         self,
         GuestGate,
@@ -33,6 +27,11 @@ use crate::{
     irq::{
         ClockEvent,
         VcpuIrq, //
+    },
+    kill::{
+        kill,
+        trap_name,
+        Kill, //
     },
     mm::{
         GuestMemory,
@@ -679,28 +678,6 @@ fn kill_log_allowed() -> bool {
         KILL_LOG_COUNT.store(0, Ordering::Relaxed);
     }
     KILL_LOG_COUNT.fetch_add(1, Ordering::Relaxed) < KILL_LOG_BURST
-}
-
-/// The name of an exception vector, for kill messages.
-pub(crate) fn trap_name(vector: u64) -> &'static str {
-    match vector {
-        0 => "#DE divide error",
-        1 => "#DB debug",
-        3 => "#BP breakpoint",
-        4 => "#OF overflow",
-        5 => "#BR bound range",
-        6 => "#UD invalid opcode",
-        7 => "#NM device not available (FPU/SSE use)",
-        10 => "#TS invalid TSS",
-        11 => "#NP segment not present",
-        12 => "#SS stack fault",
-        13 => "#GP general protection",
-        16 => "#MF x87 error",
-        17 => "#AC alignment check",
-        19 => "#XM SIMD error",
-        21 => "#CP control protection",
-        _ => "exception",
-    }
 }
 
 impl Drop for Vm {
