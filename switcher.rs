@@ -868,9 +868,15 @@ impl Switcher {
         if guest_mc {
             return Ok(Exit::MachineCheck);
         }
-        if guest_nmi || ring0_nmi || ring0_mc {
+        if guest_nmi {
             return Ok(Exit::HostEvent);
         }
+        // An NMI or #MC recorded in ring 0 (handled just now) does not
+        // replace the exit that was under way. A host interrupt that made
+        // the guest exit has been accepted by the local APIC and must still
+        // reach its handler, and its EOI, or its priority class stays
+        // blocked on this CPU for good (the timer with it); a hypercall or
+        // trap must still be handled, or it is lost.
         if vector == 1 {
             // A guest single-step or breakpoint left its status in DR6:
             // clear it, as the host's own #DB handler would have.

@@ -414,10 +414,24 @@ fn nmi_not_lost() -> TestResult {
         skip!("no /proc/sysrq-trigger (CONFIG_MAGIC_SYSRQ)");
     }
     check!(pin(0, 0), "cannot pin the test to CPU 0");
+    // The hypercall guest's count of hypercalls as the host saw them (`-v`),
+    // without NMIs: with them it must be the same, none lost to an NMI
+    // that hit the switcher on the way out.
+    let g = guest("guest-ops");
+    let hcall_args = ["run", "-v", "--memory", "16M", &g, "hcalls", "300000"];
+    let host_hcalls = |o: &Outcome| -> Option<u64> {
+        let line = o.stderr.lines().find(|l| l.contains(" exits, ") && l.ends_with(" hypercalls"))?;
+        line.rsplit_once(" exits, ")?.1.strip_suffix(" hypercalls")?.parse().ok()
+    };
+    let baseline = wait(spawn_launcher(&hcall_args)?, Duration::from_secs(600))?;
+    check_eq!(baseline.code, 0, format!("hypercall guest without NMIs ({})", describe(&baseline)));
+    let Some(expected_hcalls) = host_hcalls(&baseline) else {
+        fail!("no host hypercall count from lguest -v: {}", describe(&baseline));
+    };
     let result = (|| -> TestResult {
         // A guest that stays in ring 3, then one that switches all the time.
         for (args, sends) in [(&["spin"][..], 20usize), (&["hcalls", "300000"][..], 60usize)] {
-            let child = spawn("guest-ops", args)?;
+            let child = if args[0] == "spin" { spawn("guest-ops", args)? } else { spawn_launcher(&hcall_args)? };
             let pid = child.id() as i32;
             check!(pin(pid, 1), "cannot pin the launcher to CPU 1");
             std::thread::sleep(Duration::from_millis(300));
@@ -436,6 +450,7 @@ fn nmi_not_lost() -> TestResult {
                 let o = wait(child, Duration::from_secs(120))?;
                 check_eq!(o.code, 0, format!("hypercall guest exit ({})", describe(&o)));
                 check!(o.stdout.contains("300000"), "hypercall guest output: {}", describe(&o));
+                check_eq!(host_hcalls(&o), Some(expected_hcalls), "hypercalls the host handled, with NMIs");
                 o
             };
             let _ = o;
@@ -513,6 +528,51 @@ fn cgroup_freeze() -> TestResult {
     let _ = std::fs::remove_dir(cg);
     res?;
     check_busy_done(&o?)
+}
+
+/// A guest halted in HALT (its vCPU thread asleep in RUN, with no lock
+/// held) is frozen by the cgroup freezer like any sleeping task: the
+/// cgroup reports frozen, the launcher uses no CPU, and after the thaw the
+/// guest wakes at its timer and finishes. (With lockdep on, in `make
+/// debug-test`, a freeze with a lock held would also be reported.)
+fn cgroup_freeze_halted() -> TestResult {
+    let cg = "/sys/fs/cgroup/lguest-test-halted";
+    if !std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        skip!("cgroup v2 is not mounted at /sys/fs/cgroup");
+    }
+    let _ = std::fs::create_dir(cg);
+    let mut child = spawn("guest-ops", &["sleep", "3000"])?;
+    let pid = child.id() as i32;
+    let res = (|| -> Result<(), t::NotPassed> {
+        check!(child.printed("sleeping 3000 ms", Duration::from_secs(60)), "the guest never went to sleep");
+        if let Err(e) = std::fs::write(format!("{cg}/cgroup.procs"), pid.to_string()) {
+            fail!("moving the launcher into {cg}: {e}");
+        }
+        if let Err(e) = std::fs::write(format!("{cg}/cgroup.freeze"), "1") {
+            fail!("freezing: {e}");
+        }
+        let frozen = t::wait_for(Duration::from_secs(30), || {
+            std::fs::read_to_string(format!("{cg}/cgroup.events")).map(|s| s.contains("frozen 1")).unwrap_or(false)
+        });
+        check!(frozen, "the cgroup with a halted guest did not report frozen within 30 s");
+        let (t0, _) = proc_stat(pid);
+        std::thread::sleep(Duration::from_millis(700));
+        let (t1, state) = proc_stat(pid);
+        println!("# frozen launcher with a halted guest: state {state}, {} ticks of CPU in 0.7 s", t1 - t0);
+        check!(t1 - t0 <= 1, "the frozen launcher used {} ticks of CPU", t1 - t0);
+        if let Err(e) = std::fs::write(format!("{cg}/cgroup.freeze"), "0") {
+            fail!("thawing: {e}");
+        }
+        Ok(())
+    })();
+    let o = wait(child, Duration::from_secs(120));
+    let _ = std::fs::write(format!("{cg}/cgroup.freeze"), "0");
+    let _ = std::fs::write("/sys/fs/cgroup/cgroup.procs", pid.to_string());
+    let _ = std::fs::remove_dir(cg);
+    res?;
+    let o = o?;
+    check_eq!(o.code, 0, format!("exit status after the thaw ({})", describe(&o)));
+    Ok(())
 }
 
 /// SIGSTOP makes RUN return EINTR and the launcher stop; after SIGCONT the
@@ -663,5 +723,6 @@ fn main() -> ExitCode {
         ("user_mode", user_mode),
         ("page_access_permutations", page_access_permutations),
         ("mm_stress", mm_stress),
+        ("cgroup_freeze_halted", cgroup_freeze_halted),
     ])
 }
