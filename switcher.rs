@@ -380,9 +380,9 @@ pub(crate) enum Exit {
     HostEvent,
     /// The guest trapped: `vector`, `error` code, and CR2 for #PF.
     Trap { vector: u64, error: u64, cr2: u64 },
-    /// The guest's RIP or RSP is not an address it may run at: it was not
+    /// The guest's RIP is not an address it may run at: it was not
     /// entered.
-    BadState { rip: u64, rsp: u64 },
+    BadState { rip: u64 },
     /// A machine check hit the guest; the host's handler has run (as for a
     /// user-mode #MC) and may have queued work for the launcher's return to
     /// user mode (a memory-failure kill).
@@ -413,12 +413,21 @@ impl GuestCpu {
         (flags & RFLAGS_GUEST_MASK) | RFLAGS_FIXED
     }
 
-    /// Whether the guest may be entered with these RIP and RSP: RIP below
-    /// [`uapi::GUEST_VA_END`], RSP at most that (an empty stack whose top is
-    /// the end of the last usable page). The iretq into the guest would
-    /// fault in ring 0 on a non-canonical RIP.
+    /// Whether RIP and RSP are what a launcher or a guest kernel may set:
+    /// RIP below [`uapi::GUEST_VA_END`], RSP at most that (an empty stack
+    /// whose top is the end of the last usable page).
     pub(crate) fn enterable(rip: u64, rsp: u64) -> bool {
-        rip < uapi::GUEST_VA_END && rsp <= uapi::GUEST_VA_END
+        Self::enterable_rip(rip) && rsp <= uapi::GUEST_VA_END
+    }
+
+    /// Whether the switcher may enter the guest at `rip`: the iretq into
+    /// the guest faults in ring 0 on a non-canonical RIP, and the last
+    /// lower-half page is never the guest's. RSP needs no check there: an
+    /// iretq loads any RSP without a fault (only the return RIP is checked;
+    /// Linux too returns to user mode through iretq with whatever RSP the
+    /// process had), and the guest may keep any value in it.
+    pub(crate) fn enterable_rip(rip: u64) -> bool {
+        rip < uapi::GUEST_VA_END
     }
 }
 
@@ -718,11 +727,8 @@ impl Switcher {
         seen: u64,
     ) -> Result<Exit> {
         let r = vcpu.regs;
-        if !GuestCpu::enterable(r.rip, r.rsp) {
-            return Ok(Exit::BadState {
-                rip: r.rip,
-                rsp: r.rsp,
-            });
+        if !GuestCpu::enterable_rip(r.rip) {
+            return Ok(Exit::BadState { rip: r.rip });
         }
         let _irqs_off = helpers::IrqGuard::new();
         if irq.raised() != seen {

@@ -403,10 +403,9 @@ impl Vm {
                     }
                     continue;
                 }
-                Exit::BadState { rip, rsp } => {
-                    let k: Result<(), Kill> = kill!(
-                        "the guest cannot run at rip {rip:#x} with rsp {rsp:#x}: beyond the last guest page"
-                    );
+                Exit::BadState { rip } => {
+                    let k: Result<(), Kill> =
+                        kill!("the guest cannot run at rip {rip:#x}: beyond the last guest page");
                     if let Err(k) = k {
                         self.kill(k);
                     }

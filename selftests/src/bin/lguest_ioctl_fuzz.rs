@@ -2504,7 +2504,10 @@ fn thread_b(r: &Round, plan: &RoundPlan, mut rng: Rng) -> Stats {
                 // file has its VM; unreadable gives EFAULT.
                 let bad = rng.one_in(3);
                 let p = if bad { rng.pick(&KERNEL_ADDRS) } else { &mut buf as *mut abi::LguestVcpuRegs as u64 };
-                (Call::CreateVm, ioctl_raw(fd, abi::LGUEST_CREATE_VM, p), if bad { b(EFAULT) } else { b(EEXIST) })
+                // EBUSY: A's RUN holds the VM (the check for an existing VM
+                // needs the VM's lock too).
+                let e = if bad { b(EFAULT) } else { b(EEXIST) | b(EBUSY) };
+                (Call::CreateVm, ioctl_raw(fd, abi::LGUEST_CREATE_VM, p), e)
             }
         };
         let code = code_of(&res);
