@@ -40,7 +40,7 @@ BACKTRACE = re.compile(
     r"|\s*(RIP|RSP|RAX|RDX|RBP|R10|R13|FS|CS|CR2|DR0|DR3|PKRU|Code):)"
 )
 PROG_BOUNDARY = re.compile(r"^(# selftests: lguest: |(not )?ok \d+ selftests: lguest: )")
-WINDOW = 3000
+WINDOW = 2000
 
 
 def scan(label, path):
@@ -107,8 +107,9 @@ def scan(label, path):
         # A test that provokes backtraces on purpose (the NMI test's SysRq-L)
         # brackets them with markers. Inside, only the shapes of a backtrace
         # are let through; every real report still counts. The window also
-        # closes at the next program boundary, or after WINDOW lines, so a
-        # test that dies inside it cannot hide the rest of the log.
+        # closes at the next program boundary, or after WINDOW lines that
+        # are not backtrace lines, so a test that dies inside it cannot hide
+        # the rest of the log.
         if "lguest-selftest: expected backtraces begin" in line:
             expected = WINDOW
         elif "lguest-selftest: expected backtraces end" in line or PROG_BOUNDARY.match(body):
@@ -116,9 +117,9 @@ def scan(label, path):
         if line.startswith("# ") or line.startswith("lguest-harness: "):
             continue  # test programs' and the harness's own output
         if expected:
-            expected -= 1
             if BACKTRACE.search(body):
                 continue
+            expected -= 1
         for r in REPORTS:
             if r.search(line):
                 key = body
