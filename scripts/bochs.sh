@@ -121,21 +121,23 @@ boot() {
 	printf 'c\nquit\n' >"$d/dbg.rc"
 	say "booting Bochs ($n CPU$([ "$n" = 1 ] || echo s), watchdog ${WATCHDOG}s): $tests"
 	say "console log: $log"
-	local t0 rc
+	local t0 rc bpid
 	t0=$(date +%s)
-	# The tests' progress as it comes (the KTAP lines and the harness's).
-	tail -n +1 -F "$log" 2>/dev/null | grep --line-buffered -aE '^(TAP|1\.\.|ok|not ok|# (ok|not ok|selftests|.*: )|lguest-harness)' &
-	local tailpid=$!
-	set +e
 	# Bochs's term display needs a terminal: script gives it one. SIGTERM
 	# only drops Bochs into its debugger, so the watchdog sends SIGKILL.
 	TERM=xterm timeout -s KILL "$WATCHDOG" nice -n 10 script -qec \
-		"bochs -q -f $d/bochsrc -rc $d/dbg.rc" /dev/null </dev/null >"${log%.log}.term" 2>&1
+		"bochs -q -f $d/bochsrc -rc $d/dbg.rc" /dev/null </dev/null >"${log%.log}.term" 2>&1 &
+	bpid=$!
+	# The tests' progress as it comes (the KTAP results and the harness's
+	# lines, from the clean stream; the harness's from the console), with
+	# the wall-clock seconds since Bochs started.
+	{ tail --pid=$bpid -n +1 -F "${log%.log}.ktap" 2>/dev/null | grep --line-buffered -aE '^(TAP|1\.\.|ok|not ok|# (ok|not ok|selftests|# [a-z0-9_]+: ))' &
+	  tail --pid=$bpid -n +1 -F "$log" 2>/dev/null | grep --line-buffered -a '^lguest-harness'; wait; } |
+		while IFS= read -r line; do printf '[%4d s] %s\n' $(( $(date +%s) - t0 )) "${line%$'\r'}"; done
+	set +e
+	wait $bpid
 	rc=$?
 	set -e
-	sleep 1
-	kill "$tailpid" 2>/dev/null || true
-	wait "$tailpid" 2>/dev/null || true
 	# Bochs exits 1 on power-off and on a panic alike: the logs decide.
 	[ $rc = 137 ] && say "watchdog: Bochs killed after ${WATCHDOG}s"
 	say "boot with $n CPU(s): $(( $(date +%s) - t0 )) s wall"
@@ -143,6 +145,7 @@ boot() {
 }
 
 logs=()
+short=()
 for c in $counts; do
 	if [ -n "${BOCHS_CPUS:-}" ]; then
 		tests=$(printf '%s\n' "${sel[@]}" | awk '{ print $1 }' | paste -sd, -)
@@ -152,6 +155,13 @@ for c in $counts; do
 	log="$CACHE/logs/$stamp-$FLAVOUR-bochs-${c}cpu.log"
 	boot "$c" "$tests" "$log"
 	logs+=("bochs,cpus=$c::$log")
+	# The harness runs what reached it on the kernel command line: a plan
+	# short of what was asked would otherwise pass unnoticed.
+	want=$(echo "$tests" | tr ',' '\n' | wc -l)
+	plan=$(sed -n 's/\r$//; s/^1\.\.\([0-9]*\)$/\1/p' "${log%.log}.ktap" | head -1)
+	if [ -n "$plan" ] && [ "$plan" != "$want" ]; then
+		short+=("bochs,cpus=$c: the KTAP plan is 1..$plan, $want tests were asked for")
+	fi
 done
 
 say "verdict"
@@ -159,5 +169,9 @@ set +e
 python3 "$REPO/scripts/ktap_summary.py" "${logs[@]}"
 rc=$?
 set -e
+for m in "${short[@]}"; do
+	echo "$m"
+	rc=1
+done
 say "$(( $(date +%s) - start )) s in all"
 exit $rc
