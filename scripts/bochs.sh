@@ -16,6 +16,7 @@
 #   BOCHS_IPS           Bochs's emulated instructions per second (40000000)
 #   KARGS               extra kernel command-line arguments
 #   BOCHS_NOBUILD=1     boot what is already in $LGUEST_OUT
+#   BOCHS_ON_STOP=FILE  debugger commands for when Bochs gets SIGINT (below)
 # Console logs, KTAP streams and Bochs's own logs go to $CACHE/logs/.
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
@@ -118,7 +119,11 @@ boot() {
 	speaker: enabled=0
 	EOF
 	# The Debian build has the debugger and stops at its prompt: continue.
-	printf 'c\nquit\n' >"$d/dbg.rc"
+	# BOCHS_ON_STOP: a file of debugger commands (r, creg, sreg,
+	# print-stack 32, set $cpu = 1, ...) run when Bochs is stopped with
+	# SIGINT (kill -INT <pid of bochs-bin>); the output goes to the .term
+	# file.
+	{ echo c; [ -z "${BOCHS_ON_STOP:-}" ] || cat "$BOCHS_ON_STOP"; echo quit; } >"$d/dbg.rc"
 	say "booting Bochs ($n CPU$([ "$n" = 1 ] || echo s), watchdog ${WATCHDOG}s): $tests"
 	say "console log: $log"
 	local t0 rc bpid
