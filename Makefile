@@ -5,6 +5,8 @@
 #
 #   make run      boot the QEMU host, load lguest.ko and run the demo
 #   make test     build everything and run the whole suite (T=, CPUS=, FLAVOUR=)
+#   make bochs-test   the targeted set (selftests/bochs.list) under Bochs,
+#                 the second test bed (T=, BOCHS_CPUS=1|2, WATCHDOG=)
 #   make shell    boot the QEMU host with lguest.ko loaded and give a shell
 #   make gdb      the same, stopped at the first instruction, gdb stub on :1234
 #   make debug-test   the whole suite, fuzzers included, on the debug kernel
@@ -17,7 +19,7 @@
 SHELL := /bin/bash
 S := scripts
 
-.PHONY: all setup kernel build test run shell gdb debug-test fuzz bench check clean
+.PHONY: all setup kernel build test bochs-test run shell gdb debug-test fuzz bench check clean
 
 all: build
 
@@ -32,6 +34,9 @@ build:
 
 test:
 	bash $(S)/test.sh
+
+bochs-test:
+	bash $(S)/bochs.sh
 
 debug-test:
 	FLAVOUR=debug LONG=1 CPUS=max bash $(S)/test.sh

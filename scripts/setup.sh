@@ -3,6 +3,7 @@
 #
 # One-time (idempotent) set-up of a fresh Debian 12 machine for lguest-rs:
 #  - Debian packages from bookworm (never trixie in the system's sources),
+#    Bochs and a CD image's boot loader for `make bochs-test` among them,
 #  - the Debian-patched 7.3 kernel source, fetched with a private apt
 #    configuration and only unpacked,
 #  - a matched rustc + Rust library source for the kernel side
@@ -23,7 +24,8 @@ if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 
 PKGS=(qemu-system-x86 busybox-static cpio flex bison bc libelf-dev libssl-dev
       xz-utils clang-19 lld-19 llvm-19 libclang-19-dev rustc-web rust-web-src
-      libstd-rust-web-dev python3 iproute2 kmod)
+      libstd-rust-web-dev python3 iproute2 kmod
+      bochs bochs-term bochsbios vgabios isolinux syslinux-common genisoimage)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -109,6 +109,47 @@ pub fn run(tests: &[Test]) -> ExitCode {
     }
 }
 
+/// The test bed the project's harness booted, from `lgtest.bed=` on the
+/// kernel command line (`scripts/bochs.sh` passes `lgtest.bed=bochs`; the
+/// QEMU runs pass nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bed {
+    /// QEMU's TCG emulator, or anything that does not say otherwise.
+    Qemu,
+    /// Bochs (`scripts/bochs.sh`): faithful where TCG is not for a ring-0
+    /// #GP on `iretq` to a non-canonical RIP, CET/IBT, and global TLB
+    /// entries across CR3 writes (Documentation/dev/testing.rst, "Bochs").
+    Bochs,
+}
+
+/// The value of `key=` on a kernel command line, if given.
+pub fn cmdline_value<'a>(cmdline: &'a str, key: &str) -> Option<&'a str> {
+    cmdline.split_whitespace().filter_map(|w| w.strip_prefix(key)?.strip_prefix('=')).next_back()
+}
+
+/// The bed named by a kernel command line (see [`Bed`]); an unknown name is
+/// not Bochs.
+pub fn bed_of(cmdline: &str) -> Bed {
+    match cmdline_value(cmdline, "lgtest.bed") {
+        Some("bochs") => Bed::Bochs,
+        _ => Bed::Qemu,
+    }
+}
+
+/// The bed this test runs on, from `/proc/cmdline`.
+pub fn bed() -> Bed {
+    bed_of(&std::fs::read_to_string("/proc/cmdline").unwrap_or_default())
+}
+
+/// For a test that only means something under Bochs: skips elsewhere,
+/// saying why (`why`: what the other bed does not model).
+pub fn require_bochs(why: &str) -> TestResult {
+    if bed() != Bed::Bochs {
+        skip!("only meaningful under Bochs (lgtest.bed=bochs, `make bochs-test`): {why}");
+    }
+    Ok(())
+}
+
 /// The lguest device node.
 pub const DEV: &str = "/dev/lguest";
 
@@ -534,4 +575,20 @@ pub fn private_netns(tap: &str, cidr: &str) -> TestResult {
     ip(&["addr", "add", cidr, "dev", tap])?;
     ip(&["link", "set", tap, "up"])?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bed_from_cmdline() {
+        assert_eq!(bed_of("console=ttyS0 lgtest.mode=test lgtest.bed=bochs nopku"), Bed::Bochs);
+        assert_eq!(bed_of("console=ttyS0 lgtest.mode=test"), Bed::Qemu);
+        assert_eq!(bed_of("lgtest.bed=qemu"), Bed::Qemu);
+        assert_eq!(bed_of("xlgtest.bed=bochs lgtest.bedx=bochs"), Bed::Qemu);
+        assert_eq!(bed_of("lgtest.bed=bochs lgtest.bed=qemu"), Bed::Qemu, "the last one counts, as for the kernel");
+        assert_eq!(cmdline_value("a=1 b=2 a=3", "a"), Some("3"));
+        assert_eq!(cmdline_value("ab=1", "a"), None);
+    }
 }
