@@ -2,10 +2,9 @@
 //! `lguest`: the launcher. It opens `/dev/lguest`, shows the module's ABI
 //! version (`lguest version`) and creates and runs guests (`lguest run`).
 //!
-//! Exit status: for `run`, the guest's outcome (0 power-off or restart
-//! request, 1 crash, 2 killed by the host or an unknown exit, 3 halted for
-//! good, 130 on SIGINT/SIGTERM; see `exit.rs`); 1 with a message on stderr
-//! when the launcher itself fails or its arguments are wrong.
+//! Exit status (`exit::EXIT_TABLE`, printed by `--help`): 0 the guest
+//! powered off, 1 the launcher failed, 2 a usage error, 10-12 the guest
+//! crashed, was killed or halted for good, 128 + N a fatal signal N.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -25,7 +24,7 @@ mod virtio;
 
 /// The lguest launcher.
 #[derive(Debug, Parser)]
-#[command(name = "lguest", version, about = "Run paravirtual guests on /dev/lguest")]
+#[command(name = "lguest", version, about = "Run paravirtual guests on /dev/lguest", after_help = exit::EXIT_TABLE)]
 struct Cli {
     /// The lguest device node.
     #[arg(long, default_value = "/dev/lguest", global = true)]
@@ -57,6 +56,7 @@ enum Command {
     ///
     /// Launcher options go before GUEST; everything after it is the guest's
     /// command line.
+    #[command(after_help = exit::EXIT_TABLE)]
     Run {
         /// Guest RAM: bytes, or a number with K, M or G (binary units); at
         /// least 2M, at most 4G, a multiple of 4K.
@@ -127,13 +127,14 @@ fn log_level(verbose: u8) -> &'static str {
 }
 
 fn main() -> ExitCode {
-    // Usage errors exit 1, not clap's 2, which means "killed by the host".
+    // Usage errors exit 2 (exit::EXIT_USAGE, clap's own), help and
+    // version 0.
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
             // Nothing useful is left to do if stderr is gone.
             let _ = e.print();
-            return if e.use_stderr() { ExitCode::FAILURE } else { ExitCode::SUCCESS };
+            return ExitCode::from(if e.use_stderr() { exit::EXIT_USAGE } else { exit::EXIT_OK });
         }
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(log_level(cli.verbose))).init();
@@ -172,7 +173,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("lguest: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(exit::EXIT_LAUNCHER)
         }
     }
 }
@@ -228,6 +229,14 @@ mod tests {
     fn version_still_parses() {
         assert!(matches!(parse(&["version"]).expect("parse").command, Command::Version));
         assert!(parse(&["run"]).is_err(), "GUEST is required");
+    }
+
+    #[test]
+    fn help_shows_the_exit_statuses() {
+        let help = Cli::command().find_subcommand_mut("run").expect("run").render_long_help().to_string();
+        assert!(help.contains("Exit status:") && help.contains("143 SIGTERM"), "{help}");
+        let err = parse(&["run", "--bogus", "g.elf"]).expect_err("unknown option");
+        assert_eq!(err.exit_code(), i32::from(exit::EXIT_USAGE));
     }
 
     #[test]

@@ -189,17 +189,35 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
 
     // A fresh page has it clear; say so rather than rely on it.
     page.set_immediate_exit(false);
+    // Every thread from here on starts with the signals blocked; only the
+    // vCPU thread unblocks them (signals.rs).
+    signals::block();
+    let _watchdog = signals::Watchdog::start(
+        signals::GRACE,
+        signals::WatchdogHooks {
+            on_exit: crate::virtio::term::restore_now,
+            suspend: crate::virtio::term::suspend,
+            resume: crate::virtio::term::resume,
+        },
+    )?;
     let guard = signals::install(&page)?;
-    let term = if opts.devices.console { RawTerminal::enter().unwrap_or(None) } else { None };
-    let mut stdout = io::stdout();
+    let term = if opts.devices.console {
+        match RawTerminal::enter() {
+            Ok(t) => t,
+            Err(e) => {
+                log::warn!("cannot put the terminal in raw mode: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let mut stdout = StopAwareStdout;
     let stop = std::sync::atomic::AtomicBool::new(false);
     let result = std::thread::scope(|scope| {
         for index in 0..bus.len() {
             let bus = &bus;
-            scope.spawn(move || {
-                signals::block_in_this_thread();
-                bus.run_device(index);
-            });
+            scope.spawn(move || bus.run_device(index));
         }
         if let Some((ms, irq)) = opts.irq_every {
             let (lg, stop) = (&lg, &stop);
@@ -213,8 +231,9 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
                 }
             });
         }
+        signals::unblock();
         let vcpu = DevVcpu { lg: &lg, index: vcpu, page: &page };
-        let r = run_loop(&vcpu, &mem, Some(&bus), &mut stdout, &signals::interrupted);
+        let r = run_loop(&vcpu, &mem, Some(&bus), &mut stdout, &signals::stop_signal);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         bus.shutdown();
         r
@@ -255,29 +274,66 @@ impl Vcpu for DevVcpu<'_> {
     }
 }
 
+/// The hypercall console's output: stdout, written directly (no buffer)
+/// so that a write blocked on a full pipe or a stopped terminal comes back
+/// with `EINTR` when a stopping signal arrives, instead of being retried.
+struct StopAwareStdout;
+
+impl Write for StopAwareStdout {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        loop {
+            // SAFETY: writes from a live slice of `buf.len()` bytes.
+            let n = unsafe { libc::write(libc::STDOUT_FILENO, buf.as_ptr().cast(), buf.len()) };
+            if n >= 0 {
+                // CAST: non-negative and at most buf.len().
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+            if signals::stop_signal().is_some() {
+                return Err(io::Error::other("interrupted by a stopping signal"));
+            }
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Runs `vcpu` until an exit stops it, RUN fails, or it returns `EINTR`
-/// while `interrupted()` says a stopping signal came. Console output goes to
-/// `out`; launcher messages to stderr.
+/// while `stop_signal()` says a stopping signal N came (the status is then
+/// 128 + N). Console output goes to `out`; launcher messages to stderr.
 fn run_loop(
     vcpu: &dyn Vcpu,
     mem: &GuestMemory,
     bus: Option<&Bus<'_>>,
     out: &mut dyn Write,
-    interrupted: &dyn Fn() -> bool,
+    stop_signal: &dyn Fn() -> Option<libc::c_int>,
 ) -> Result<u8> {
+    let stopped = |sig: libc::c_int| {
+        eprintln!("lguest: interrupted by {}", signals::name(sig));
+        Ok(signals::exit_status(sig))
+    };
     loop {
         if let Err(e) = vcpu.run() {
             if e.raw_os_error() == Some(libc::EINTR) {
-                if interrupted() {
-                    eprintln!("lguest: interrupted");
-                    return Ok(signals::EXIT_INTERRUPTED);
+                if let Some(sig) = stop_signal() {
+                    return stopped(sig);
                 }
                 // Some other signal: run again.
                 continue;
             }
             return Err(DevError::Ioctl { what: "LGUEST_RUN", source: e }.into());
         }
-        let action = exit::handle_exit(&vcpu.exit(), mem, bus, out).context("handling a guest exit")?;
+        let action = match exit::handle_exit(&vcpu.exit(), mem, bus, out) {
+            Ok(action) => action,
+            // A console write that a signal cut short.
+            Err(_) if stop_signal().is_some() => return stopped(stop_signal().unwrap_or(libc::SIGTERM)),
+            Err(e) => return Err(anyhow::Error::new(e).context("handling a guest exit")),
+        };
         match action {
             Action::Continue => {}
             Action::Exit { code, message } => {
@@ -347,7 +403,7 @@ mod tests {
         mem.write(0x10_1000, b"world\0").expect("write");
         let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000)), Ok(notify(0x10_1000)), Ok(poweroff())]);
         let mut out = Vec::new();
-        let code = run_loop(&vcpu, &mem, None, &mut out, &|| false).expect("run");
+        let code = run_loop(&vcpu, &mem, None, &mut out, &|| None).expect("run");
         assert_eq!(code, 0);
         assert_eq!(out, b"Hello\nworld");
         assert_eq!(vcpu.runs.get(), 3);
@@ -357,25 +413,48 @@ mod tests {
     fn eintr_without_a_stopping_signal_runs_again() {
         let mem = memory();
         let vcpu = FakeVcpu::new(vec![Err(libc::EINTR), Err(libc::EINTR), Ok(ExitData::new(abi::LGUEST_EXIT_HALT))]);
-        let code = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| false).expect("run");
+        let code = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| None).expect("run");
         assert_eq!(code, exit::EXIT_HALT);
         assert_eq!(vcpu.runs.get(), 3);
     }
 
     #[test]
-    fn eintr_after_sigint_stops_with_130() {
+    fn eintr_after_a_stopping_signal_stops_with_128_plus_n() {
         let mem = memory();
-        let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000)), Err(libc::EINTR)]);
-        let code = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| true).expect("run");
-        assert_eq!(code, 130);
-        assert_eq!(vcpu.runs.get(), 2);
+        for (sig, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143), (libc::SIGHUP, 129), (libc::SIGQUIT, 131)] {
+            let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000)), Err(libc::EINTR)]);
+            let got = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| Some(sig)).expect("run");
+            assert_eq!(got, code, "signal {sig}");
+            assert_eq!(vcpu.runs.get(), 2);
+        }
+    }
+
+    /// A console write cut short by a stopping signal ends the run with
+    /// the signal's status, not as a launcher error.
+    #[test]
+    fn console_write_cut_by_a_signal_is_the_signal() {
+        struct Cut;
+        impl Write for Cut {
+            fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+                Err(io::Error::other("interrupted by a stopping signal"))
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let mem = memory();
+        mem.write(0x10_0000, b"x\0").expect("write");
+        let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000))]);
+        assert_eq!(run_loop(&vcpu, &mem, None, &mut Cut, &|| Some(libc::SIGTERM)).expect("run"), 143);
+        let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000))]);
+        assert!(run_loop(&vcpu, &mem, None, &mut Cut, &|| None).is_err(), "without a signal it is an error");
     }
 
     #[test]
     fn run_failures_are_errors() {
         let mem = memory();
         let vcpu = FakeVcpu::new(vec![Err(libc::EFAULT)]);
-        let err = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| false).expect_err("EFAULT");
+        let err = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| None).expect_err("EFAULT");
         assert!(format!("{err:#}").starts_with("LGUEST_RUN failed: Bad address"), "{err:#}");
     }
 
@@ -385,8 +464,8 @@ mod tests {
         let mut killed = ExitData::new(abi::LGUEST_EXIT_KILLED);
         killed.message[..3].copy_from_slice(b"no\0");
         let vcpu = FakeVcpu::new(vec![Ok(killed)]);
-        assert_eq!(run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| false).expect("run"), exit::EXIT_KILLED);
+        assert_eq!(run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| None).expect("run"), exit::EXIT_KILLED);
         let vcpu = FakeVcpu::new(vec![Ok(ExitData::new(77))]);
-        assert_eq!(run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| false).expect("run"), 2);
+        assert_eq!(run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| None).expect("run"), exit::EXIT_KILLED);
     }
 }

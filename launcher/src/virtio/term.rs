@@ -5,14 +5,17 @@
 //! the guest), and restored when the [`RawTerminal`] guard is dropped, on a
 //! panic (release builds abort, so Drop would not run) by
 //! a panic hook. The saved settings live in a global so that the panic
-//! hook can reach them. Other stopping signals (SIGINT, SIGTERM) end the run
-//! loop, which drops the guard.
+//! hook and the signal watchdog can reach them. The stopping signals
+//! (SIGINT, SIGTERM, SIGHUP, SIGQUIT) end the run loop, which drops the
+//! guard, or the watchdog restores the terminal before it ends the process
+//! (`signals.rs`); Ctrl-Z (SIGTSTP) restores it for the stop and re-enters
+//! raw mode when the launcher is continued.
 
 use std::io;
 use std::sync::Mutex;
 
-/// The settings to put back, while a guard lives.
-static SAVED: Mutex<Option<libc::termios>> = Mutex::new(None);
+/// The settings to put back and the raw ones, while a guard lives.
+static SAVED: Mutex<Option<(libc::termios, libc::termios)>> = Mutex::new(None);
 
 /// Raw mode on stdin while this lives.
 #[derive(Debug)]
@@ -39,8 +42,25 @@ fn tcsetattr(fd: libc::c_int, t: &libc::termios) -> io::Result<()> {
 /// Puts the saved settings back, if any (idempotent).
 pub fn restore_now() {
     let saved = SAVED.lock().map(|mut s| s.take()).unwrap_or(None);
-    if let Some(t) = saved {
+    if let Some((t, _)) = saved {
         let _ = tcsetattr(libc::STDIN_FILENO, &t);
+    }
+}
+
+/// Puts the saved settings back for a stop (Ctrl-Z), keeping them for
+/// [`resume`].
+pub fn suspend() {
+    let saved = SAVED.lock().map(|s| *s).unwrap_or(None);
+    if let Some((t, _)) = saved {
+        let _ = tcsetattr(libc::STDIN_FILENO, &t);
+    }
+}
+
+/// Raw mode again after [`suspend`] (the process was continued).
+pub fn resume() {
+    let saved = SAVED.lock().map(|s| *s).unwrap_or(None);
+    if let Some((_, raw)) = saved {
+        let _ = tcsetattr(libc::STDIN_FILENO, &raw);
     }
 }
 
@@ -57,7 +77,7 @@ impl RawTerminal {
         raw.c_iflag &= !(libc::ICRNL | libc::IXON);
         raw.c_cc[libc::VMIN] = 1;
         raw.c_cc[libc::VTIME] = 0;
-        *SAVED.lock().map_err(|_| io::Error::other("terminal state lock poisoned"))? = Some(old);
+        *SAVED.lock().map_err(|_| io::Error::other("terminal state lock poisoned"))? = Some((old, raw));
         let hook = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             restore_now();

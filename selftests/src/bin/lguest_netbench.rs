@@ -180,11 +180,8 @@ fn main() -> ExitCode {
     let only_sync = args.iter().any(|a| a == "sync");
     let only_to_host = args.iter().any(|a| a == "tohost");
     let reps: usize = args.iter().find_map(|a| a.strip_prefix("reps=")?.parse().ok()).unwrap_or(3).max(1);
-    let extra: Vec<String> = args
-        .iter()
-        .filter_map(|a| a.strip_prefix("guest="))
-        .flat_map(|w| w.split(',').map(String::from))
-        .collect();
+    let extra: Vec<String> =
+        args.iter().filter_map(|a| a.strip_prefix("guest=")).flat_map(|w| w.split(',').map(String::from)).collect();
     let bytes = mib << 20;
     if let Err(e) = t::private_netns(TAP, &format!("{HOST}/24")) {
         println!("bench: net: no network namespace: {e:?}");
