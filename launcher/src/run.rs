@@ -89,7 +89,10 @@ fn models(opts: &DeviceOptions) -> Result<Vec<Box<dyn VirtioDevice>>> {
     let mut v: Vec<Box<dyn VirtioDevice>> = Vec::new();
     if opts.console {
         let input = io::stdin().as_fd().try_clone_to_owned().map(File::from).context("duplicating stdin")?;
-        v.push(Box::new(Console::new(Some(input), Box::new(io::stdout()))));
+        v.push(Box::new(
+            Console::with_writer_thread(Some(input), Box::new(io::stdout()))
+                .context("starting the console's writer")?,
+        ));
     }
     if opts.rng {
         v.push(Box::new(Rng));

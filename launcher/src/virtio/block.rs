@@ -142,6 +142,9 @@ impl Block {
                 let mut off = sector * SECTOR;
                 let mut left = data_in;
                 while left > 0 {
+                    if qs.stopping() {
+                        return Ok((VIRTIO_BLK_S_IOERR, writer.written()));
+                    }
                     // CAST: min with a usize fits usize.
                     let n = left.min(buf.len() as u64) as usize;
                     if self.file.read_exact_at(&mut buf[..n], off).is_err() {
@@ -160,6 +163,9 @@ impl Block {
                 let mut buf = vec![0u8; CHUNK.min(usize::try_from(data_out).unwrap_or(CHUNK))];
                 let mut off = sector * SECTOR;
                 loop {
+                    if qs.stopping() {
+                        return Ok((VIRTIO_BLK_S_IOERR, 0));
+                    }
                     let n = reader.read(mem, &mut buf);
                     if n == 0 {
                         break;
@@ -233,6 +239,10 @@ impl VirtioDevice for Block {
         loop {
             qs.disable_notification(0)?;
             while let Some(chain) = qs.pop(0)? {
+                if qs.stopping() {
+                    qs.unpop(0);
+                    break;
+                }
                 let (status, data) = self.request(qs, &chain)?;
                 put_status(qs, &chain, status);
                 if status != VIRTIO_BLK_S_OK {
@@ -242,7 +252,7 @@ impl VirtioDevice for Block {
                 qs.add_used(0, chain.head, (data + 1) as u32)?;
                 qs.stats().queues[0].count(data);
             }
-            if !qs.enable_notification(0)? {
+            if qs.stopping() || !qs.enable_notification(0)? {
                 break;
             }
         }

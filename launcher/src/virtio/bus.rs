@@ -535,7 +535,7 @@ impl<'a> Bus<'a> {
         let result = {
             let Inner { model, queues, .. } = &mut *inner;
             let raise = || self.raise(dev, LGUEST_ISR_QUEUE);
-            let mut qs = Queues::new(self.mem.ram(), queues, &raise, &dev.stats);
+            let mut qs = Queues::new(self.mem.ram(), queues, &raise, &dev.stats).with_stop(&self.stop);
             model.process(&mut qs, &events)
         };
         if let Err(e) = result {

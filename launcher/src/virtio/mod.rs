@@ -15,7 +15,7 @@
 
 use std::io;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
@@ -190,6 +190,9 @@ pub struct Queues<'a> {
     queues: &'a mut [Option<Queue>],
     raise: &'a dyn Fn(),
     stats: &'a DeviceStats,
+    /// Set when the launcher is stopping: device loops look at it between
+    /// chains and inside long ones ([`Queues::stopping`]).
+    stop: Option<&'a AtomicBool>,
     /// Queues with chains used since their last `notify` (bit per queue).
     added: u32,
 }
@@ -203,7 +206,20 @@ impl<'a> Queues<'a> {
         raise: &'a dyn Fn(),
         stats: &'a DeviceStats,
     ) -> Self {
-        Self { mem, queues, raise, stats, added: 0 }
+        Self { mem, queues, raise, stats, stop: None, added: 0 }
+    }
+
+    /// The same, watching `stop` for [`Queues::stopping`].
+    pub fn with_stop(mut self, stop: &'a AtomicBool) -> Self {
+        self.stop = Some(stop);
+        self
+    }
+
+    /// Whether the launcher is stopping: a device model then ends its work
+    /// at the next chain (or chunk of a long chain) instead of draining
+    /// the ring, so that a stop never waits on the guest's I/O.
+    pub fn stopping(&self) -> bool {
+        self.stop.is_some_and(|s| s.load(Ordering::Relaxed))
     }
 
     /// Guest RAM.

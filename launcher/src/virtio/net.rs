@@ -178,7 +178,7 @@ impl Net {
 
     fn receive(&mut self, qs: &mut Queues<'_>) -> Result<(), DeviceError> {
         let mut delivered = 0u64;
-        loop {
+        while !qs.stopping() {
             let chain = match qs.pop(RX)? {
                 Some(chain) => chain,
                 None => {
@@ -235,6 +235,10 @@ impl Net {
         loop {
             qs.disable_notification(TX)?;
             while let Some(chain) = qs.pop(TX)? {
+                if qs.stopping() {
+                    qs.unpop(TX);
+                    break;
+                }
                 if !chain.writable.is_empty() {
                     return Err(DeviceError::Request { queue: TX, why: "a device-writable buffer in a frame".into() });
                 }
@@ -258,7 +262,7 @@ impl Net {
                 }
                 qs.add_used(TX, chain.head, 0)?;
             }
-            if !qs.enable_notification(TX)? {
+            if qs.stopping() || !qs.enable_notification(TX)? {
                 break;
             }
         }

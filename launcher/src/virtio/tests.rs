@@ -18,7 +18,7 @@ use lguest_abi::bus::{
 
 use super::block::{self, Block, DiskOptions};
 use super::bus::{Bus, IrqLine};
-use super::console::Console;
+use super::console::{self, Console};
 use super::net::{self, Net, NetOptions};
 use super::rng::{self, Rng};
 use super::tap::TapControl;
@@ -465,6 +465,121 @@ fn console_input_reaches_the_guest() {
     assert!(!needs_reset(&mem, 0));
 }
 
+/// A writer that blocks until `open` is set, then keeps what it gets.
+#[derive(Clone, Default)]
+struct Gate {
+    open: Arc<std::sync::atomic::AtomicBool>,
+    out: Shared,
+}
+
+impl Write for Gate {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        while !self.open.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        self.out.write(b)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// With stdout blocked (a pipe nobody reads), the console's device thread
+/// does not block: it takes output until its queue is full, then holds the
+/// rest back (the driver's chains stay unused) while the lock is free for
+/// the vCPU thread's status changes; once the writer drains, every byte
+/// comes out, in order.
+#[test]
+fn console_output_never_blocks_the_device_on_a_blocked_writer() {
+    let mem = memory();
+    let gate = Gate::default();
+    let console = Console::with_writer_thread(None, Box::new(gate.clone())).expect("console");
+    let (bus, _) = bus(&mem, vec![Box::new(console)]);
+    // Dropped before the bus, also when an assertion fails: the console's
+    // Drop waits for its writer, which must not stay blocked.
+    struct OpenOnDrop(Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for OpenOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let _open = OpenOnDrop(gate.open.clone());
+    let rx = TestRing::new(&mem, RING0, 16);
+    let mut tx = TestRing::new(&mem, RING1, 16);
+    rx.configure(&mem, 0, 0);
+    tx.configure(&mem, 0, 1);
+    assert_eq!(testring::start(&mem, &bus, 0, FEATURES), OK);
+    // 16 chains of 64 KiB each: four times the queue.
+    let chunk = 64 * 1024u32;
+    let mut want = Vec::new();
+    for i in 0..16u8 {
+        let data = vec![b'a' + i; chunk as usize];
+        mem.write(BUF + u64::from(i) * u64::from(chunk), &data).expect("w");
+        tx.add_chain(&mem, &[(BUF + u64::from(i) * u64::from(chunk), chunk, false)]);
+        want.extend_from_slice(&data);
+    }
+    let bus = &bus;
+    std::thread::scope(|s| {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        s.spawn(move || {
+            bus.service(0, kick(1));
+            let _ = done_tx.send(());
+        });
+        // A direct writer would block here until the gate opens (never).
+        assert!(done_rx.recv_timeout(std::time::Duration::from_secs(20)).is_ok(), "the device blocked on its output");
+    });
+    let used = tx.used_idx(&mem);
+    assert!(used < 16, "all {used} chains taken although the writer is blocked");
+    assert!(u64::from(used) * u64::from(chunk) >= console::QUEUE_MAX as u64, "only {used} chains taken");
+    // The lock is free: a status change goes through (a reset would do).
+    bus.notify(LguestBus::new(MEM).desc_addr(0));
+    // Open the gate; the device, woken by the queue's room, takes the rest.
+    gate.open.store(true, Ordering::SeqCst);
+    for _ in 0..10_000 {
+        if tx.used_idx(&mem) == 16 && gate.out.0.lock().expect("lock").len() == want.len() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        bus.service(0, Events { input: 2, ..Events::default() });
+    }
+    assert_eq!(tx.used_idx(&mem), 16);
+    assert!(*gate.out.0.lock().expect("lock") == want, "the output is not every byte in order");
+}
+
+/// Once the launcher stops (`Bus::shutdown`), no device takes another
+/// chain: a stop never waits for the guest's queued I/O.
+#[test]
+fn stopping_devices_take_no_more_chains() {
+    let mem = memory();
+    let disk = TempDisk::new(64);
+    let dev = Block::open(&disk_opts(&disk, false), 0).expect("open");
+    let out = Shared::default();
+    let (bus, _) = bus(&mem, vec![Box::new(Rng), Box::new(dev), Box::new(Console::new(None, Box::new(out.clone())))]);
+    let mut rng_ring = TestRing::new(&mem, RING0, 16);
+    rng_ring.configure(&mem, 0, 0);
+    assert_eq!(testring::start(&mem, &bus, 0, FEATURES), OK);
+    let mut blk_ring = TestRing::new(&mem, RING1, 16);
+    blk_ring.configure(&mem, 1, 0);
+    assert_eq!(testring::start(&mem, &bus, 1, FEATURES), OK);
+    let mut con_tx = TestRing::new(&mem, 0x3_0000, 16);
+    let con_rx = TestRing::new(&mem, 0x4_0000, 16);
+    con_rx.configure(&mem, 2, 0);
+    con_tx.configure(&mem, 2, 1);
+    assert_eq!(testring::start(&mem, &bus, 2, FEATURES), OK);
+    rng_ring.add_chain(&mem, &[(BUF, 64, true)]);
+    mem.write(HDR, &header(block::VIRTIO_BLK_T_IN, 0)).expect("w");
+    blk_ring.add_chain(&mem, &[(HDR, 16, false), (DATA, 4096, true), (STATUS, 1, true)]);
+    con_tx.add_chain(&mem, &[(BUF + 0x8000, 8, false)]);
+    bus.shutdown();
+    for dev in 0..3 {
+        bus.service(dev, Events { kicked: 3, ..Events::default() });
+    }
+    assert_eq!(rng_ring.used_idx(&mem), 0, "rng took a chain");
+    assert_eq!(blk_ring.used_idx(&mem), 0, "block took a chain");
+    assert_eq!(con_tx.used_idx(&mem), 0, "console took a chain");
+    assert!(out.0.lock().expect("lock").is_empty());
+}
+
 #[test]
 fn console_output_with_a_writable_buffer_needs_reset() {
     let mem = memory();
@@ -512,8 +627,12 @@ const HDR: u64 = BUF;
 const DATA: u64 = BUF + 0x1000;
 const STATUS: u64 = BUF + 0x3000;
 
+fn disk_opts(disk: &TempDisk, ro: bool) -> DiskOptions {
+    DiskOptions { path: disk.0.clone(), read_only: ro }
+}
+
 fn started_block<'m>(mem: &'m GuestMemory, disk: &TempDisk, ro: bool) -> (Bus<'m>, TestRing) {
-    let dev = Block::open(&DiskOptions { path: disk.0.clone(), read_only: ro }, 0).expect("open");
+    let dev = Block::open(&disk_opts(disk, ro), 0).expect("open");
     let (bus, _) = bus(mem, vec![Box::new(dev)]);
     let ring = TestRing::new(mem, RING0, 16);
     ring.configure(mem, 0, 0);

@@ -229,6 +229,72 @@ fn bad_device_options() -> TestResult {
     Ok(())
 }
 
+/// Bytes waiting in the pipe `fd` and its capacity.
+fn pipe_fill(fd: i32) -> (i32, i32) {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int at the pointer, a live local.
+    unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n as *mut libc::c_int) };
+    // SAFETY: F_GETPIPE_SZ takes no argument and touches no memory.
+    let size = unsafe { libc::fcntl(fd, libc::F_GETPIPE_SZ) };
+    (n, size)
+}
+
+/// The launcher stops promptly whatever the guest does: a guest flooding
+/// the virtio console (`devices flood`) or the hypercall console
+/// (`devices floodhc`) into a stdout pipe that nobody reads, so that the
+/// launcher's writes block, ends within 1 s of SIGTERM with status 143
+/// (and of SIGINT with 130), with the terminal-style message.
+fn stop_with_stdout_blocked() -> TestResult {
+    use std::os::fd::AsRawFd;
+    use std::process::{Command, Stdio};
+    for (mode, sig, code) in
+        [("flood", libc::SIGTERM, 143), ("floodhc", libc::SIGTERM, 143), ("flood", libc::SIGINT, 130)]
+    {
+        let mut child = Command::new(t::launcher())
+            .args(["run", &guest("devices"), mode])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| t::NotPassed::Fail(format!("cannot start the launcher: {e}")))?;
+        let out = child.stdout.take();
+        let fd = out.as_ref().map_or(-1, |o| o.as_raw_fd());
+        // Wait until the pipe is full: the launcher's writes now block.
+        let full = t::wait_for(TIMEOUT, || {
+            let (n, size) = pipe_fill(fd);
+            n >= size - 4096
+        });
+        if !full {
+            let _ = child.kill();
+            let _ = child.wait();
+            fail!("{mode}: the guest did not fill the pipe ({:?})", pipe_fill(fd));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        // SAFETY: kill(2) on our own child, which has not been waited for.
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let sent = std::time::Instant::now();
+        let mut status = None;
+        while sent.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(st)) = child.try_wait() {
+                status = Some(st);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let took = sent.elapsed();
+        let Some(st) = status else {
+            let _ = child.kill();
+            let _ = child.wait();
+            fail!("{mode}: the launcher was still running 10 s after signal {sig}");
+        };
+        drop(out);
+        check_eq!(st.code(), Some(code), format!("{mode}: exit status after signal {sig} ({st:?})"));
+        println!("# {mode}: stopped {:.0} ms after signal {sig}", took.as_secs_f64() * 1000.0);
+        check!(took < Duration::from_secs(1), "{mode}: the launcher took {took:?} to stop");
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     t::run(&[
         ("bus_demo", bus_demo),
@@ -239,5 +305,6 @@ fn main() -> ExitCode {
         ("blk_flush_survives_kill", blk_flush_survives_kill),
         ("malformed_virtqueues", malformed_virtqueues),
         ("bad_device_options", bad_device_options),
+        ("stop_with_stdout_blocked", stop_with_stdout_blocked),
     ])
 }
