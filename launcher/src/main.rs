@@ -72,9 +72,14 @@ enum Command {
         /// No virtio entropy device (there is one by default).
         #[arg(long)]
         no_rng: bool,
-        /// A virtio block device on FILE; ",ro" makes it read-only. May be
-        /// repeated.
-        #[arg(long, value_name = "FILE[,ro]")]
+        /// A virtio block device on a file or block device. Keys:
+        /// path=FILE; readonly=on|off (default off); direct=on|off (O_DIRECT,
+        /// default off); id=NAME (the ID the guest reads, at most 20
+        /// characters); lock=on|off (default on: an exclusive lock, shared
+        /// when read-only, so that two launchers cannot write one image).
+        /// The short forms FILE and FILE,ro still work. Writeback when the
+        /// driver negotiates FLUSH, writethrough otherwise. May be repeated.
+        #[arg(long, value_name = "path=FILE[,readonly=on][,direct=on][,id=NAME][,lock=off]")]
         disk: Vec<virtio::block::DiskOptions>,
         /// A virtio network device on TAP device NAME (created if missing);
         /// ",nobatch" raises a receive interrupt per packet instead of per

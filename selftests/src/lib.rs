@@ -415,9 +415,20 @@ impl Proc {
         self.child.id() as i32
     }
 
-    /// Whether it is still running.
+    /// Whether it is still running. It is not reaped when it has ended
+    /// (`waitid` with `WNOWAIT`), so its pid stays its own and
+    /// [`Proc::signal`] cannot reach another process that reused it.
     pub fn running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        // SAFETY: siginfo_t is a plain C struct for which all-zero bytes
+        // are valid.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // CAST: Linux process IDs fit in an id_t.
+        let pid = self.pid() as libc::id_t;
+        // SAFETY: waitid writes one siginfo_t at the pointer, a live local;
+        // WNOWAIT leaves the child waitable.
+        let ret = unsafe { libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) };
+        // SAFETY: reading the pid field of the siginfo waitid filled in.
+        ret == 0 && unsafe { info.si_pid() } == 0
     }
 
     /// Waits for the end, killing it (SIGKILL) after `timeout`; a child

@@ -192,7 +192,8 @@ proptest! {
         std::fs::write(&path, vec![0u8; 64 * 512]).expect("disk");
         let opts: DiskOptions = path.display().to_string().parse().expect("options");
         let disk = Block::open(&opts, 0).expect("open disk");
-        let r = check(Box::new(disk), 0, VIRTIO_F_VERSION_1, &descs, &heads, avail);
+        let features = VIRTIO_F_VERSION_1 | super::block::VIRTIO_BLK_F_FLUSH;
+        let r = check(Box::new(disk), 0, features, &descs, &heads, avail);
         let _ = std::fs::remove_file(&path);
         r?;
     }

@@ -628,7 +628,7 @@ const DATA: u64 = BUF + 0x1000;
 const STATUS: u64 = BUF + 0x3000;
 
 fn disk_opts(disk: &TempDisk, ro: bool) -> DiskOptions {
-    DiskOptions { path: disk.0.clone(), read_only: ro }
+    DiskOptions { read_only: ro, ..DiskOptions::new(disk.0.clone()) }
 }
 
 fn started_block<'m>(mem: &'m GuestMemory, disk: &TempDisk, ro: bool) -> (Bus<'m>, TestRing) {
@@ -757,10 +757,200 @@ fn block_requests_without_header_or_status_need_reset() {
 
 #[test]
 fn disk_options_parse() {
-    assert_eq!("a.img".parse::<DiskOptions>(), Ok(DiskOptions { path: "a.img".into(), read_only: false }));
-    assert_eq!("a.img,ro".parse::<DiskOptions>(), Ok(DiskOptions { path: "a.img".into(), read_only: true }));
-    assert!("a.img,rw".parse::<DiskOptions>().is_err());
-    assert!("".parse::<DiskOptions>().is_err());
+    let plain = DiskOptions::new("a.img");
+    assert_eq!("a.img".parse::<DiskOptions>(), Ok(plain.clone()));
+    assert_eq!("a.img,ro".parse::<DiskOptions>(), Ok(DiskOptions { read_only: true, ..plain.clone() }));
+    assert_eq!("path=a.img".parse::<DiskOptions>(), Ok(plain.clone()));
+    assert_eq!(
+        "path=a.img,readonly=on,direct=on,id=data0,lock=off".parse::<DiskOptions>(),
+        Ok(DiskOptions { read_only: true, direct: true, id: Some("data0".into()), lock: false, ..plain.clone() })
+    );
+    assert_eq!("readonly=off,path=a.img".parse::<DiskOptions>(), Ok(plain.clone()));
+    assert_eq!("a.img,direct=on".parse::<DiskOptions>(), Ok(DiskOptions { direct: true, ..plain }));
+    for bad in
+        ["a.img,rw", "", "readonly=on", "path=", "a.img,readonly=yes", "a.img,id=", "a.img,id=this-id-is-far-too-long"]
+    {
+        assert!(bad.parse::<DiskOptions>().is_err(), "{bad:?} was accepted");
+    }
+}
+
+/// One thing the block device asked of its disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum DiskOp {
+    Read(u64, usize),
+    Write(u64, usize),
+    Sync,
+}
+
+/// A disk in memory that records every operation; `fail_sync` makes
+/// fdatasync fail (EIO).
+#[derive(Clone, Default)]
+struct RecordingDisk {
+    ops: Arc<Mutex<Vec<DiskOp>>>,
+    data: Arc<Mutex<Vec<u8>>>,
+    fail_sync: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl block::Disk for RecordingDisk {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.ops.lock().expect("lock").push(DiskOp::Read(offset, buf.len()));
+        let d = self.data.lock().expect("lock");
+        let o = offset as usize;
+        buf.copy_from_slice(&d[o..o + buf.len()]);
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.ops.lock().expect("lock").push(DiskOp::Write(offset, buf.len()));
+        let o = offset as usize;
+        self.data.lock().expect("lock")[o..o + buf.len()].copy_from_slice(buf);
+        Ok(())
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.ops.lock().expect("lock").push(DiskOp::Sync);
+        if self.fail_sync.load(Ordering::SeqCst) {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        Ok(())
+    }
+}
+
+impl RecordingDisk {
+    fn new(sectors: usize) -> Self {
+        let d = Self::default();
+        *d.data.lock().expect("lock") = vec![0; sectors * 512];
+        d
+    }
+    fn take(&self) -> Vec<DiskOp> {
+        std::mem::take(&mut *self.ops.lock().expect("lock"))
+    }
+}
+
+/// A block device on `disk`, started with `features`.
+fn started_recording<'m>(mem: &'m GuestMemory, disk: &RecordingDisk, features: u64) -> (Bus<'m>, TestRing) {
+    let dev = Block::new(Box::new(disk.clone()), 64 * 512, "rec.img", false, 0);
+    let (bus, _) = bus(mem, vec![Box::new(dev)]);
+    let ring = TestRing::new(mem, RING0, 16);
+    ring.configure(mem, 0, 0);
+    assert_eq!(testring::start(mem, &bus, 0, features), OK);
+    (bus, ring)
+}
+
+/// With FLUSH negotiated (writeback), a write goes to the disk without a
+/// sync, and a flush is one fdatasync that happens before the flush
+/// completes; nothing is synced that was not asked for.
+#[test]
+fn block_writeback_syncs_on_flush_only() {
+    let mem = memory();
+    let disk = RecordingDisk::new(64);
+    let (bus, mut ring) = started_recording(&mem, &disk, FEATURES | block::VIRTIO_BLK_F_FLUSH);
+    mem.write(DATA, &[0x11; 1024]).expect("w");
+    let (st, _) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_OUT, 3, Some((1024, false)));
+    assert_eq!(st, block::VIRTIO_BLK_S_OK);
+    assert_eq!(disk.take(), [DiskOp::Write(3 * 512, 1024)], "a write, no sync");
+    let (st, _) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_FLUSH, 0, None);
+    assert_eq!(st, block::VIRTIO_BLK_S_OK);
+    assert_eq!(disk.take(), [DiskOp::Sync], "the flush is one fdatasync");
+    assert_eq!(&disk.data.lock().expect("lock")[3 * 512..5 * 512], &[0x11; 1024]);
+}
+
+/// Without FLUSH (the driver expects writethrough), every write is synced
+/// before it completes.
+#[test]
+fn block_writethrough_without_flush() {
+    let mem = memory();
+    let disk = RecordingDisk::new(64);
+    let (bus, mut ring) = started_recording(&mem, &disk, FEATURES);
+    for sector in [1, 9] {
+        mem.write(DATA, &[0x22; 512]).expect("w");
+        let (st, _) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_OUT, sector, Some((512, false)));
+        assert_eq!(st, block::VIRTIO_BLK_S_OK);
+        assert_eq!(disk.take(), [DiskOp::Write(sector * 512, 512), DiskOp::Sync], "sector {sector}");
+    }
+    // Reads need no sync.
+    let (st, _) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_IN, 1, Some((512, true)));
+    assert_eq!(st, block::VIRTIO_BLK_S_OK);
+    assert_eq!(disk.take(), [DiskOp::Read(512, 512)]);
+}
+
+/// A failed fdatasync: the flush gets IOERR, the device needs a reset, and
+/// after the reset every write and flush still fails (the kernel may have
+/// dropped the data), though reads work.
+#[test]
+fn block_sync_failure_fails_the_device_for_good() {
+    let mem = memory();
+    let disk = RecordingDisk::new(64);
+    let features = FEATURES | block::VIRTIO_BLK_F_FLUSH;
+    let (bus, mut ring) = started_recording(&mem, &disk, features);
+    mem.write(DATA, &[0x33; 512]).expect("w");
+    let (st, _) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_OUT, 0, Some((512, false)));
+    assert_eq!(st, block::VIRTIO_BLK_S_OK);
+    disk.fail_sync.store(true, Ordering::SeqCst);
+    let (st, _) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_FLUSH, 0, None);
+    assert_eq!(st, block::VIRTIO_BLK_S_IOERR, "the flush failed");
+    assert!(needs_reset(&mem, 0), "the device needs a reset");
+    // Reset and start again; the disk now syncs fine, but it is too late.
+    disk.fail_sync.store(false, Ordering::SeqCst);
+    testring::set_status(&mem, &bus, 0, 0);
+    let mut ring = TestRing::new(&mem, RING0, 16);
+    ring.configure(&mem, 0, 0);
+    assert_eq!(testring::start(&mem, &bus, 0, features), OK);
+    disk.take();
+    let (st, _) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_OUT, 0, Some((512, false)));
+    assert_eq!(st, block::VIRTIO_BLK_S_IOERR, "a write after the failure");
+    let (st, _) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_FLUSH, 0, None);
+    assert_eq!(st, block::VIRTIO_BLK_S_IOERR, "a flush after the failure");
+    assert_eq!(disk.take(), [], "nothing reached the disk");
+    let (st, _) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_IN, 0, Some((512, true)));
+    assert_eq!(st, block::VIRTIO_BLK_S_OK, "reads still work");
+}
+
+/// The advisory lock: two read-write opens of one image conflict, with an
+/// error that says so; read-only opens share; a read-only open conflicts
+/// with a read-write one; `lock=off` opts out.
+#[test]
+fn block_images_are_locked() {
+    let disk = TempDisk::new(8);
+    let rw = disk_opts(&disk, false);
+    let ro = disk_opts(&disk, true);
+    let first = Block::open(&rw, 0).expect("first open");
+    let err = Block::open(&rw, 1).expect_err("a second writer");
+    assert!(err.to_string().contains("is in use") && err.to_string().contains("lock=off"), "{err}");
+    assert!(Block::open(&ro, 1).is_err(), "a reader while a writer holds it");
+    assert!(Block::open(&DiskOptions { lock: false, ..rw.clone() }, 1).is_ok(), "lock=off");
+    drop(first);
+    let r1 = Block::open(&ro, 0).expect("a reader");
+    let r2 = Block::open(&ro, 1).expect("a second reader");
+    assert!(Block::open(&rw, 2).is_err(), "a writer while readers hold it");
+    drop((r1, r2));
+    assert!(Block::open(&rw, 0).is_ok(), "free again");
+}
+
+/// The capacity comes from the end of the file, whatever stat says (a block
+/// device has no stat size); a directory is refused.
+#[test]
+fn block_size_and_kind() {
+    let disk = TempDisk::new(24);
+    let dev = Block::open(&disk_opts(&disk, true), 0).expect("open");
+    assert_eq!(dev.config()[..8], 24u64.to_le_bytes());
+    let err = Block::open(&DiskOptions { read_only: true, ..DiskOptions::new(std::env::temp_dir()) }, 0)
+        .expect_err("a directory");
+    assert!(err.to_string().contains("neither a regular file nor a block device"), "{err}");
+}
+
+/// `id=` is what GET_ID returns.
+#[test]
+fn block_id_option() {
+    let mem = memory();
+    let disk = TempDisk::new(8);
+    let opts = DiskOptions { id: Some("data-disk".into()), ..disk_opts(&disk, false) };
+    let dev = Block::open(&opts, 0).expect("open");
+    let (bus, _) = bus(&mem, vec![Box::new(dev)]);
+    let mut ring = TestRing::new(&mem, RING0, 16);
+    ring.configure(&mem, 0, 0);
+    assert_eq!(testring::start(&mem, &bus, 0, FEATURES), OK);
+    let (st, used) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_GET_ID, 0, Some((20, true)));
+    assert_eq!((st, used), (block::VIRTIO_BLK_S_OK, 21));
+    assert_eq!(read(&mem, DATA, 20), b"data-disk\0\0\0\0\0\0\0\0\0\0\0");
 }
 
 // ---------------------------------------------------------------------------
