@@ -81,11 +81,15 @@ enum Command {
         /// driver negotiates FLUSH, writethrough otherwise. May be repeated.
         #[arg(long, value_name = "path=FILE[,readonly=on][,direct=on][,id=NAME][,lock=off]")]
         disk: Vec<virtio::block::DiskOptions>,
-        /// A virtio network device on TAP device NAME (created if missing);
-        /// ",nobatch" raises a receive interrupt per packet instead of per
-        /// batch; ",nooffload" offers no checksum or segmentation offload.
-        /// May be repeated.
-        #[arg(long, value_name = "tap=NAME[,nobatch][,nooffload]")]
+        /// A virtio network device. Keys: tap=NAME (the TAP device, created
+        /// if missing) or fd=N (a tap that another process opened with
+        /// IFF_TAP|IFF_NO_PI|IFF_VNET_HDR and passed down, so no
+        /// CAP_NET_ADMIN is needed); mac=XX:XX:XX:XX:XX:XX (default:
+        /// 52:54:00 and three bytes of a hash of the tap's name, stable from
+        /// run to run and different between taps); batch=on|off (one
+        /// receive interrupt per batch, default on); offload=on|off
+        /// (checksum and segmentation offload, default on). May be repeated.
+        #[arg(long, value_name = "tap=NAME|fd=N[,mac=MAC][,batch=off][,offload=off]")]
         net: Vec<virtio::net::NetOptions>,
         /// Do not bind queue kicks with LGUEST_IOEVENTFD: every kick exits to
         /// the vCPU thread (for comparison).

@@ -36,7 +36,7 @@ use crate::signals;
 use crate::virtio::block::{Block, DiskOptions};
 use crate::virtio::bus::{Bus, EventFdIrq, IoctlIrq, IrqLine};
 use crate::virtio::console::Console;
-use crate::virtio::net::{Net, NetOptions};
+use crate::virtio::net::{Net, NetOptions, TapSource};
 use crate::virtio::rng::Rng;
 use crate::virtio::tap::Tap;
 use crate::virtio::term::RawTerminal;
@@ -102,9 +102,16 @@ fn models(opts: &DeviceOptions) -> Result<Vec<Box<dyn VirtioDevice>>> {
         v.push(Box::new(blk));
     }
     for (n, net) in opts.nets.iter().enumerate() {
-        let tap = Tap::open(&net.tap).with_context(|| format!("opening tap device {}", net.tap))?;
+        let (tap, name) = match &net.tap {
+            TapSource::Name(name) => {
+                (Tap::open(name).with_context(|| format!("opening tap device {name}"))?, name.clone())
+            }
+            TapSource::Fd(fd) => Tap::from_fd(*fd).with_context(|| format!("taking the tap of --net fd={fd}"))?,
+        };
         let io = tap.try_clone_file().context("duplicating the tap fd")?;
-        v.push(Box::new(Net::new(io, Box::new(tap), &net.tap, net.batch, n).with_offload(net.offload)));
+        let mac = net.mac.unwrap_or_else(|| crate::virtio::net::default_mac(&name));
+        log::info!("net{n}: tap {name}, MAC {}", crate::virtio::net::mac_text(&mac));
+        v.push(Box::new(Net::new(io, Box::new(tap), &name, net.batch, n).with_mac(mac).with_offload(net.offload)));
     }
     Ok(v)
 }

@@ -1,5 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0
-//! virtio-net (device ID 1) on a TAP device: `--net tap=NAME[,nobatch]`.
+//! virtio-net (device ID 1) on a TAP device: `--net tap=NAME` (opened, or
+//! created, by the launcher) or `--net fd=N` (a tap someone else opened and
+//! passed down, so that the launcher needs no CAP_NET_ADMIN), with
+//! `mac=XX:XX:XX:XX:XX:XX` (by default one derived from the tap's name, so
+//! that guests on different taps differ and a guest keeps its MAC from run
+//! to run) and `batch=on|off`, `offload=on|off`.
 //!
 //! Queue 0 receives (host to guest), queue 1 transmits. Frames pass through
 //! with their virtio-net header untouched (12 bytes with VERSION_1: the
@@ -81,37 +86,113 @@ pub const MAX_FRAME: usize = 65536 + 18 + 12;
 const RX: usize = 0;
 const TX: usize = 1;
 
+/// Where the tap comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TapSource {
+    /// Open (or create) the interface of this name.
+    Name(String),
+    /// Take over this inherited descriptor.
+    Fd(i32),
+}
+
 /// What `--net` asked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NetOptions {
     /// The TAP interface.
-    pub tap: String,
-    /// Batch receive interrupts (the default; `nobatch` turns it off).
+    pub tap: TapSource,
+    /// The guest's MAC address; by default [`default_mac`] of the tap's name.
+    pub mac: Option<[u8; 6]>,
+    /// Batch receive interrupts (the default; `batch=off` turns it off).
     pub batch: bool,
-    /// Offer checksum and segmentation offload (the default; `nooffload`
+    /// Offer checksum and segmentation offload (the default; `offload=off`
     /// offers neither, for comparison).
     pub offload: bool,
+}
+
+/// Parses `52:54:00:12:34:56`: six hex bytes, a unicast address.
+pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let mut mac = [0u8; 6];
+    let parts: Vec<&str> = s.split(':').collect();
+    if parts.len() != 6 {
+        return Err(format!("mac={s:?}: expected six hex bytes, e.g. 52:54:00:12:34:56"));
+    }
+    for (b, p) in mac.iter_mut().zip(&parts) {
+        if p.len() != 2 {
+            return Err(format!("mac={s:?}: expected six hex bytes, e.g. 52:54:00:12:34:56"));
+        }
+        *b = u8::from_str_radix(p, 16).map_err(|_| format!("mac={s:?}: {p:?} is not a hex byte"))?;
+    }
+    if mac[0] & 1 != 0 {
+        return Err(format!("mac={s}: a multicast address (the first byte is odd)"));
+    }
+    Ok(mac)
+}
+
+/// The default MAC for tap `name`: QEMU's locally administered prefix
+/// 52:54:00 and three bytes of an FNV-1a hash of the name, so that it is
+/// the same every run and differs between taps.
+pub fn default_mac(name: &str) -> [u8; 6] {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    let b = h.to_le_bytes();
+    [0x52, 0x54, 0x00, b[0], b[1], b[2]]
+}
+
+/// `aa:bb:cc:dd:ee:ff`.
+pub fn mac_text(mac: &[u8; 6]) -> String {
+    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
 
 impl std::str::FromStr for NetOptions {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
+        const USAGE: &str = "expected tap=NAME or fd=N, then [,mac=MAC][,batch=on|off][,offload=on|off]";
         let mut tap = None;
+        let mut mac = None;
         let mut batch = true;
         let mut offload = true;
         for part in s.split(',') {
-            match part.split_once('=') {
-                Some(("tap", name)) if !name.is_empty() && name.len() < libc::IFNAMSIZ => tap = Some(name.to_owned()),
-                None if part == "nobatch" => batch = false,
-                None if part == "batch" => batch = true,
-                None if part == "nooffload" => offload = false,
-                None if part == "offload" => offload = true,
-                _ => return Err(format!("bad net option {part:?} (expected tap=NAME[,nobatch][,nooffload])")),
+            let source = match part.split_once('=') {
+                Some(("tap", name)) if !name.is_empty() && name.len() < libc::IFNAMSIZ => {
+                    Some(TapSource::Name(name.to_owned()))
+                }
+                Some(("fd", n)) => Some(TapSource::Fd(
+                    n.parse().ok().filter(|&n: &i32| n >= 0).ok_or_else(|| format!("fd={n:?}: not a descriptor"))?,
+                )),
+                Some(("mac", m)) => {
+                    mac = Some(parse_mac(m)?);
+                    None
+                }
+                Some(("batch", v)) => {
+                    batch = super::block::on_off("batch", v)?;
+                    None
+                }
+                Some(("offload", v)) => {
+                    offload = super::block::on_off("offload", v)?;
+                    None
+                }
+                // The older bare words.
+                None if part == "nobatch" || part == "batch" => {
+                    batch = part == "batch";
+                    None
+                }
+                None if part == "nooffload" || part == "offload" => {
+                    offload = part == "offload";
+                    None
+                }
+                _ => return Err(format!("bad net option {part:?} ({USAGE})")),
+            };
+            if let Some(source) = source {
+                if tap.replace(source).is_some() {
+                    return Err(format!("more than one tap=/fd= ({USAGE})"));
+                }
             }
         }
-        let tap = tap.ok_or("expected tap=NAME")?;
-        Ok(Self { tap, batch, offload })
+        let tap = tap.ok_or_else(|| format!("no tap ({USAGE})"))?;
+        Ok(Self { tap, mac, batch, offload })
     }
 }
 
@@ -140,11 +221,10 @@ impl std::fmt::Debug for Net {
 
 impl Net {
     /// A device moving frames through `io` (the tap, non-blocking), with
-    /// `ctl` for its offload settings, as device number `n`.
+    /// `ctl` for its offload settings, as device number `n`, with the
+    /// default MAC for `tap` ([`Net::with_mac`] sets another).
     pub fn new(io: File, ctl: Box<dyn TapControl>, tap: &str, batch: bool, n: usize) -> Self {
-        // A locally administered unicast address, different per device.
-        // CAST: n < 8 devices.
-        let mac = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56u8.wrapping_add(n as u8)];
+        let mac = default_mac(tap);
         Self {
             io,
             ctl,
@@ -157,6 +237,12 @@ impl Net {
             unsignalled: 0,
             buf: vec![0; MAX_FRAME],
         }
+    }
+
+    /// The guest's MAC address.
+    pub fn with_mac(mut self, mac: [u8; 6]) -> Self {
+        self.mac = mac;
+        self
     }
 
     /// Offers checksum and segmentation offload, or (`false`) neither:

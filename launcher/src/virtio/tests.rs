@@ -1145,16 +1145,61 @@ fn net_transmit_with_a_writable_buffer_needs_reset() {
 
 #[test]
 fn net_options_parse() {
-    assert_eq!("tap=tap0".parse::<NetOptions>(), Ok(NetOptions { tap: "tap0".into(), batch: true, offload: true }));
-    assert_eq!("tap=t,nobatch".parse::<NetOptions>(), Ok(NetOptions { tap: "t".into(), batch: false, offload: true }));
+    use net::TapSource;
+    let tap = |name: &str| NetOptions { tap: TapSource::Name(name.into()), mac: None, batch: true, offload: true };
+    assert_eq!("tap=tap0".parse::<NetOptions>(), Ok(tap("tap0")));
+    assert_eq!("tap=t,nobatch".parse::<NetOptions>(), Ok(NetOptions { batch: false, ..tap("t") }));
+    assert_eq!("tap=t,batch=off".parse::<NetOptions>(), Ok(NetOptions { batch: false, ..tap("t") }));
     assert_eq!(
         "tap=t,nooffload,nobatch".parse::<NetOptions>(),
-        Ok(NetOptions { tap: "t".into(), batch: false, offload: false })
+        Ok(NetOptions { batch: false, offload: false, ..tap("t") })
     );
-    assert!("tap=".parse::<NetOptions>().is_err());
-    assert!("nobatch".parse::<NetOptions>().is_err());
-    assert!("tap=x,fast".parse::<NetOptions>().is_err());
-    assert!("tap=averyveryverylongname".parse::<NetOptions>().is_err());
+    assert_eq!(
+        "fd=3,mac=02:aa:bb:cc:dd:0e,offload=off,batch=on".parse::<NetOptions>(),
+        Ok(NetOptions {
+            tap: TapSource::Fd(3),
+            mac: Some([2, 0xaa, 0xbb, 0xcc, 0xdd, 0x0e]),
+            batch: true,
+            offload: false
+        })
+    );
+    for bad in [
+        "tap=",
+        "nobatch",
+        "tap=x,fast",
+        "tap=averyveryverylongname",
+        "tap=a,fd=3",
+        "fd=-1",
+        "fd=x",
+        "tap=a,mac=01:00:5e:00:00:01",
+        "tap=a,mac=52:54:00:12:34",
+        "tap=a,mac=52:54:00:12:34:zz",
+        "tap=a,batch=maybe",
+    ] {
+        assert!(bad.parse::<NetOptions>().is_err(), "{bad:?} was accepted");
+    }
+}
+
+/// The default MAC: stable for a tap name, different between names,
+/// locally administered and unicast; and `with_mac` is what the config
+/// space shows.
+#[test]
+fn net_default_and_chosen_mac() {
+    assert_eq!(net::default_mac("lgtap0"), net::default_mac("lgtap0"));
+    let macs: Vec<[u8; 6]> =
+        ["tap0", "tap1", "lgtap0", "lgtap1", "br0-guest"].iter().map(|n| net::default_mac(n)).collect();
+    for (i, a) in macs.iter().enumerate() {
+        assert!(macs[i + 1..].iter().all(|b| b != a), "{a:02x?} twice");
+        assert_eq!(a[0] & 3, 2, "locally administered unicast");
+    }
+    assert_eq!(net::mac_text(&[0x52, 0x54, 0, 0xab, 1, 0xff]), "52:54:00:ab:01:ff");
+    let mem = memory();
+    let (dev_end, _host_end) = UnixDatagram::pair().expect("pair");
+    let ctl = FakeTapCtl::default();
+    let dev = Net::new(File::from(OwnedFd::from(dev_end)), Box::new(ctl), "x", true, 0).with_mac([2, 1, 2, 3, 4, 5]);
+    let (_bus, _) = bus(&mem, vec![Box::new(dev)]);
+    let cfg = read(&mem, LguestBus::new(MEM).desc_addr(0) + offset_of!(LguestDeviceDesc, config) as u64, 6);
+    assert_eq!(cfg, [2, 1, 2, 3, 4, 5]);
 }
 
 // ---------------------------------------------------------------------------

@@ -162,6 +162,60 @@ fn tap_deleted_under_traffic() -> TestResult {
     Ok(())
 }
 
+/// A tap opened by someone else (this test, as a privileged helper would)
+/// and passed down as `--net fd=N`: the guest gets the MAC that `mac=`
+/// chose (the `devices` guest shows it, and the host learns it from the
+/// guest's own packets in its ARP table), and pings across it work both
+/// ways. Without `mac=`, the MAC derived from the tap's name is the same
+/// on every run and not the old fixed 52:54:00:12:34:56.
+fn tap_fd_and_mac() -> TestResult {
+    use std::os::fd::AsRawFd;
+    t::private_netns(TAP, &format!("{HOST}/24"))?;
+    let tap = t::open_tap(TAP)?;
+    let fd = tap.as_raw_fd();
+    // Let the launcher inherit it.
+    // SAFETY: F_SETFD with an integer argument on a live descriptor.
+    check!(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } == 0, "cannot clear FD_CLOEXEC");
+    let mac = "02:12:34:56:78:9a";
+    let net = format!("fd={fd},mac={mac}");
+    let o = Proc::launcher(&strings(&["run", "--net", &net, &guest("devices")]), None)?.wait(TIMEOUT)?;
+    check_eq!(o.code, 0, format!("devices on fd={fd} ({})", o.describe()));
+    check!(o.stdout.contains(&format!("devices: net: MAC {mac}, link up")), "no MAC {mac}: {}", o.describe());
+    let a = strings(&[
+        "run",
+        "--memory",
+        "128M",
+        "--net",
+        &net,
+        &guest("tcpblast"),
+        GUEST_IP,
+        "ping=6",
+        &format!("pinghost={HOST}"),
+    ]);
+    let o = Proc::launcher(&a, None)?.wait(TIMEOUT)?;
+    check_eq!(o.code, 0, format!("tcpblast on fd={fd} ({})", o.describe()));
+    let want = format!("tcpblast: ping host {HOST}: 5 sent, 5 replies");
+    check!(o.stdout.contains(&want), "no {want:?}: {}", o.describe());
+    let arp = std::fs::read_to_string("/proc/net/arp").unwrap_or_default();
+    check!(
+        arp.lines().any(|l| l.starts_with("192.168.2.2 ") && l.contains(mac)),
+        "the host did not learn {mac} for the guest: {arp:?}"
+    );
+    drop(tap);
+    // The default MAC: the same twice, and not the old fixed one.
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let o = Proc::launcher(&strings(&["run", "--net", &format!("tap={TAP}"), &guest("devices")]), None)?
+            .wait(TIMEOUT)?;
+        check_eq!(o.code, 0, format!("devices on tap={TAP} ({})", o.describe()));
+        let line = o.stdout.lines().find(|l| l.starts_with("devices: net: MAC ")).unwrap_or_default().to_string();
+        check!(!line.is_empty() && !line.contains("52:54:00:12:34:56"), "default MAC: {}", o.describe());
+        seen.push(line);
+    }
+    check_eq!(seen[0], seen[1], "the default MAC changed between runs");
+    Ok(())
+}
+
 fn main() -> ExitCode {
     t::run(&[
         ("ping_both_ways", ping_both_ways),
@@ -169,5 +223,6 @@ fn main() -> ExitCode {
         ("tcp_host_to_guest", tcp_host_to_guest),
         ("tcp_loaded_guest", tcp_loaded_guest),
         ("tap_deleted_under_traffic", tap_deleted_under_traffic),
+        ("tap_fd_and_mac", tap_fd_and_mac),
     ])
 }
