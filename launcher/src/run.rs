@@ -187,6 +187,7 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
     };
     lg.create_vm(&config)?;
     let bus = Bus::new(&mem, models, |irq| irq_line(&lg, irq)).context("setting up the lguest bus")?;
+    bus.set_vcpu_kick(Box::new(signals::kick_vcpu));
     if opts.devices.sync_kicks {
         bus.set_sync_kicks(true);
     } else if opts.devices.ioeventfd && !bus.is_empty() {
@@ -243,7 +244,7 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
         }
         signals::unblock();
         let vcpu = DevVcpu { lg: &lg, index: vcpu, page: &page };
-        let r = run_loop(&vcpu, &mem, Some(&bus), &mut stdout, &signals::stop_signal);
+        let r = run_loop(&vcpu, &mem, Some(&bus), &mut stdout, &signals::stop_signal, &|| bus.fatal());
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         bus.shutdown();
         r
@@ -315,19 +316,24 @@ impl Write for StopAwareStdout {
 
 /// Runs `vcpu` until an exit stops it, RUN fails, or it returns `EINTR`
 /// while `stop_signal()` says a stopping signal N came (the status is then
-/// 128 + N). Console output goes to `out`; launcher messages to stderr.
+/// 128 + N), or `fatal()` says a device's host side is gone (an error).
+/// Console output goes to `out`; launcher messages to stderr.
 fn run_loop(
     vcpu: &dyn Vcpu,
     mem: &GuestMemory,
     bus: Option<&Bus<'_>>,
     out: &mut dyn Write,
     stop_signal: &dyn Fn() -> Option<libc::c_int>,
+    fatal: &dyn Fn() -> Option<String>,
 ) -> Result<u8> {
     let stopped = |sig: libc::c_int| {
         eprintln!("lguest: interrupted by {}", signals::name(sig));
         Ok(signals::exit_status(sig))
     };
     loop {
+        if let Some(why) = fatal() {
+            bail!("{why}");
+        }
         if let Err(e) = vcpu.run() {
             if e.raw_os_error() == Some(libc::EINTR) {
                 if let Some(sig) = stop_signal() {
@@ -413,7 +419,7 @@ mod tests {
         mem.write(0x10_1000, b"world\0").expect("write");
         let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000)), Ok(notify(0x10_1000)), Ok(poweroff())]);
         let mut out = Vec::new();
-        let code = run_loop(&vcpu, &mem, None, &mut out, &|| None).expect("run");
+        let code = run_loop(&vcpu, &mem, None, &mut out, &|| None, &|| None).expect("run");
         assert_eq!(code, 0);
         assert_eq!(out, b"Hello\nworld");
         assert_eq!(vcpu.runs.get(), 3);
@@ -423,7 +429,7 @@ mod tests {
     fn eintr_without_a_stopping_signal_runs_again() {
         let mem = memory();
         let vcpu = FakeVcpu::new(vec![Err(libc::EINTR), Err(libc::EINTR), Ok(ExitData::new(abi::LGUEST_EXIT_HALT))]);
-        let code = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| None).expect("run");
+        let code = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| None, &|| None).expect("run");
         assert_eq!(code, exit::EXIT_HALT);
         assert_eq!(vcpu.runs.get(), 3);
     }
@@ -433,7 +439,7 @@ mod tests {
         let mem = memory();
         for (sig, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143), (libc::SIGHUP, 129), (libc::SIGQUIT, 131)] {
             let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000)), Err(libc::EINTR)]);
-            let got = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| Some(sig)).expect("run");
+            let got = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| Some(sig), &|| None).expect("run");
             assert_eq!(got, code, "signal {sig}");
             assert_eq!(vcpu.runs.get(), 2);
         }
@@ -455,16 +461,32 @@ mod tests {
         let mem = memory();
         mem.write(0x10_0000, b"x\0").expect("write");
         let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000))]);
-        assert_eq!(run_loop(&vcpu, &mem, None, &mut Cut, &|| Some(libc::SIGTERM)).expect("run"), 143);
+        assert_eq!(run_loop(&vcpu, &mem, None, &mut Cut, &|| Some(libc::SIGTERM), &|| None).expect("run"), 143);
         let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000))]);
-        assert!(run_loop(&vcpu, &mem, None, &mut Cut, &|| None).is_err(), "without a signal it is an error");
+        assert!(run_loop(&vcpu, &mem, None, &mut Cut, &|| None, &|| None).is_err(), "without a signal it is an error");
+    }
+
+    /// A device whose host side went away (Bus::fatal) stops the run with
+    /// that message as a launcher error, at the next return from RUN.
+    #[test]
+    fn a_gone_device_stops_the_run() {
+        let mem = memory();
+        let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000)), Err(libc::EINTR)]);
+        let gone = std::cell::Cell::new(false);
+        let fatal = || {
+            let was = gone.replace(true);
+            was.then(|| "net0 (lgtap0): reading the tap: gone".to_string())
+        };
+        let err = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| None, &fatal).expect_err("stops");
+        assert!(format!("{err:#}").contains("net0 (lgtap0)"), "{err:#}");
+        assert_eq!(vcpu.runs.get(), 1, "stopped at the next return from RUN");
     }
 
     #[test]
     fn run_failures_are_errors() {
         let mem = memory();
         let vcpu = FakeVcpu::new(vec![Err(libc::EFAULT)]);
-        let err = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| None).expect_err("EFAULT");
+        let err = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| None, &|| None).expect_err("EFAULT");
         assert!(format!("{err:#}").starts_with("LGUEST_RUN failed: Bad address"), "{err:#}");
     }
 
@@ -474,8 +496,8 @@ mod tests {
         let mut killed = ExitData::new(abi::LGUEST_EXIT_KILLED);
         killed.message[..3].copy_from_slice(b"no\0");
         let vcpu = FakeVcpu::new(vec![Ok(killed)]);
-        assert_eq!(run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| None).expect("run"), exit::EXIT_KILLED);
+        assert_eq!(run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| None, &|| None).expect("run"), exit::EXIT_KILLED);
         let vcpu = FakeVcpu::new(vec![Ok(ExitData::new(77))]);
-        assert_eq!(run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| None).expect("run"), exit::EXIT_KILLED);
+        assert_eq!(run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| None, &|| None).expect("run"), exit::EXIT_KILLED);
     }
 }

@@ -38,8 +38,17 @@ use std::time::{Duration, Instant};
 use crate::dev::RunPage;
 use crate::exit::EXIT_SIGNAL_BASE;
 
-/// Every signal the handler takes: the stopping ones and SIGTSTP.
-const SIGNALS: [libc::c_int; 5] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGTSTP];
+/// Every signal the handler takes: the stopping ones, SIGTSTP, and SIGUSR2,
+/// with which a device thread kicks the vCPU thread out of RUN
+/// ([`kick_vcpu`]).
+const SIGNALS: [libc::c_int; 6] =
+    [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGTSTP, libc::SIGUSR2];
+
+/// The signal of [`kick_vcpu`].
+const KICK: libc::c_int = libc::SIGUSR2;
+
+/// The vCPU thread (the one that installed the handlers), for [`kick_vcpu`].
+static VCPU_THREAD: std::sync::OnceLock<libc::pthread_t> = std::sync::OnceLock::new();
 
 /// How long the orderly exit may take after a stopping signal before the
 /// watchdog ends the process.
@@ -94,6 +103,10 @@ pub enum SignalError {
 
 /// The handler: only async-signal-safe work (lock-free atomics, write(2)).
 extern "C" fn on_signal(signal: libc::c_int) {
+    if signal == KICK {
+        // Only to make RUN return EINTR; kick_vcpu set immediate_exit.
+        return;
+    }
     if signal != libc::SIGTSTP {
         let _ = STOP_SIGNAL.compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst);
         let byte = IMMEDIATE_EXIT.load(Ordering::SeqCst);
@@ -115,6 +128,25 @@ extern "C" fn on_signal(signal: libc::c_int) {
         // The pipe is non-blocking, so a full pipe drops the byte, which is
         // fine: the watchdog already has one to act on.
         unsafe { libc::write(fd, (&b as *const u8).cast(), 1) };
+    }
+}
+
+/// Makes the vCPU thread come back from RUN (or from a blocking write) with
+/// `EINTR`: sets `immediate_exit` (for a RUN about to start) and sends it
+/// SIGUSR2 (for one under way). From any thread; a no-op before
+/// [`install`].
+pub fn kick_vcpu() {
+    let byte = IMMEDIATE_EXIT.load(Ordering::SeqCst);
+    if !byte.is_null() {
+        // SAFETY: as in on_signal: a non-null pointer is the live run page's
+        // immediate_exit byte, only ever accessed atomically.
+        unsafe { AtomicU8::from_ptr(byte) }.store(1, Ordering::SeqCst);
+    }
+    if let Some(&thread) = VCPU_THREAD.get() {
+        // SAFETY: pthread_kill on the vCPU thread, which lives as long as
+        // the process runs guests (it is the main thread); the signal has a
+        // handler that does nothing.
+        unsafe { libc::pthread_kill(thread, KICK) };
     }
 }
 
@@ -250,6 +282,8 @@ pub fn install(page: &RunPage) -> Result<SignalGuard<'_>, SignalError> {
     IMMEDIATE_EXIT
         .compare_exchange(ptr::null_mut(), page.immediate_exit_ptr(), Ordering::SeqCst, Ordering::SeqCst)
         .map_err(|_| SignalError::Busy)?;
+    // SAFETY: pthread_self has no preconditions.
+    let _ = VCPU_THREAD.set(unsafe { libc::pthread_self() });
     // From here on, dropping `guard` undoes whatever was done.
     let mut guard = SignalGuard { old: Vec::new(), _page: PhantomData };
 

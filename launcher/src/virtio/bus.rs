@@ -151,6 +151,11 @@ pub struct Bus<'a> {
     /// the guest runs again (`--sync-kicks`), instead of waking the device
     /// thread.
     sync_kicks: AtomicBool,
+    /// A device whose host side is gone for good: the message the launcher
+    /// stops with.
+    fatal: Mutex<Option<String>>,
+    /// Makes the vCPU thread come back from RUN (to see `fatal`).
+    kick_vcpu: std::sync::OnceLock<Box<dyn Fn() + Send + Sync + 'a>>,
 }
 
 /// Bytes of one descriptor as the launcher first writes it.
@@ -267,7 +272,15 @@ impl<'a> Bus<'a> {
                 stats: DeviceStats::default(),
             });
         }
-        Ok(Self { mem, bus, devices, stop: AtomicBool::new(false), sync_kicks: AtomicBool::new(false) })
+        Ok(Self {
+            mem,
+            bus,
+            devices,
+            stop: AtomicBool::new(false),
+            sync_kicks: AtomicBool::new(false),
+            fatal: Mutex::new(None),
+            kick_vcpu: std::sync::OnceLock::new(),
+        })
     }
 
     /// Devices on the bus.
@@ -376,6 +389,34 @@ impl<'a> Bus<'a> {
         }
     }
 
+    /// Sets what makes the vCPU thread come back from RUN when a device's
+    /// host side is gone (see [`Bus::fatal`]).
+    pub fn set_vcpu_kick(&self, kick: Box<dyn Fn() + Send + Sync + 'a>) {
+        let _ = self.kick_vcpu.set(kick);
+    }
+
+    /// Why the launcher must stop: a device whose host side is gone for
+    /// good (a deleted tap), with its name and the error.
+    pub fn fatal(&self) -> Option<String> {
+        self.fatal.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// A device error: [`DeviceError::Gone`] stops the launcher (through
+    /// [`Bus::fatal`]); any other needs a reset.
+    fn device_error(&self, dev: &Device<'_>, inner: &mut Inner, e: &super::DeviceError) {
+        if let super::DeviceError::Gone { what, source } = e {
+            let msg = format!("{}: {what}: {source}; the device's host side is gone, stopping", dev.name);
+            log::debug!("{msg}");
+            self.fatal.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(msg);
+            Self::stop_queues(inner);
+            if let Some(kick) = self.kick_vcpu.get() {
+                kick();
+            }
+            return;
+        }
+        self.fail(dev, inner, e);
+    }
+
     /// Stops a device whose driver broke the rules: DEVICE_NEEDS_RESET and
     /// a configuration interrupt.
     fn fail(&self, dev: &Device<'_>, inner: &mut Inner, why: &dyn std::fmt::Display) {
@@ -454,7 +495,7 @@ impl<'a> Bus<'a> {
                 Ok(queues) => {
                     inner.queues = queues;
                     if let Err(e) = inner.model.activate(features) {
-                        self.fail(dev, &mut inner, &e);
+                        self.device_error(dev, &mut inner, &e);
                         return;
                     }
                     inner.running = true;
@@ -539,7 +580,7 @@ impl<'a> Bus<'a> {
             model.process(&mut qs, &events)
         };
         if let Err(e) = result {
-            self.fail(dev, &mut inner, &e);
+            self.device_error(dev, &mut inner, &e);
         }
     }
 

@@ -94,6 +94,27 @@ pub enum DeviceError {
         /// The error.
         source: io::Error,
     },
+    /// The host side is gone for good (a deleted tap): no reset can help,
+    /// and the launcher stops with an error naming the device.
+    #[error("{what}")]
+    Gone {
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+impl DeviceError {
+    /// A host error: [`DeviceError::Gone`] if `source` says the host
+    /// object has gone away (`EBADFD` from a detached tap, `ENODEV`,
+    /// `ENXIO`), else [`DeviceError::Host`].
+    pub fn host(what: &'static str, source: io::Error) -> Self {
+        match source.raw_os_error() {
+            Some(libc::EBADFD | libc::ENODEV | libc::ENXIO) => Self::Gone { what, source },
+            _ => Self::Host { what, source },
+        }
+    }
 }
 
 /// Counters of one queue; atomics, so that `--stats` may read them from

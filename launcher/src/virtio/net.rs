@@ -210,6 +210,8 @@ pub struct Net {
     rx_wait: bool,
     /// Receive buffers used since the driver was last interrupted.
     unsignalled: u64,
+    /// A transmit error was logged (once per device).
+    tx_error_told: bool,
     buf: Vec<u8>,
 }
 
@@ -235,6 +237,7 @@ impl Net {
             hdr_len: 12,
             rx_wait: false,
             unsignalled: 0,
+            tx_error_told: false,
             buf: vec![0; MAX_FRAME],
         }
     }
@@ -288,7 +291,7 @@ impl Net {
                     qs.unpop(RX);
                     continue;
                 }
-                Err(source) => return Err(DeviceError::Host { what: "reading the tap", source }),
+                Err(source) => return Err(DeviceError::host("reading the tap", source)),
             };
             if n < self.hdr_len || n as u64 > chain.writable_len() {
                 // A runt, or a frame the driver's buffers cannot hold:
@@ -340,8 +343,15 @@ impl Net {
                             log::debug!("{}: tap took {n} of {} bytes", self.name, frame.len());
                             qs.stats().dropped.fetch_add(1, Ordering::Relaxed);
                         }
+                        Err(e) if matches!(e.raw_os_error(), Some(libc::EBADFD | libc::ENODEV | libc::ENXIO)) => {
+                            qs.add_used(TX, chain.head, 0)?;
+                            return Err(DeviceError::host("writing the tap", e));
+                        }
                         Err(e) => {
-                            log::debug!("{}: tap write: {e}", self.name);
+                            if !self.tx_error_told {
+                                log::warn!("{}: tap write: {e}; frames are dropped (counted in --stats)", self.name);
+                                self.tx_error_told = true;
+                            }
                             qs.stats().dropped.fetch_add(1, Ordering::Relaxed);
                         }
                     }
@@ -413,10 +423,8 @@ impl VirtioDevice for Net {
 
     fn activate(&mut self, features: u64) -> Result<(), DeviceError> {
         self.hdr_len = if features & (VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF) != 0 { 12 } else { 10 };
-        self.ctl
-            .set_vnet_hdr_size(self.hdr_len)
-            .map_err(|source| DeviceError::Host { what: "TUNSETVNETHDRSZ", source })?;
-        self.ctl.set_offload(offloads(features)).map_err(|source| DeviceError::Host { what: "TUNSETOFFLOAD", source })
+        self.ctl.set_vnet_hdr_size(self.hdr_len).map_err(|source| DeviceError::host("TUNSETVNETHDRSZ", source))?;
+        self.ctl.set_offload(offloads(features)).map_err(|source| DeviceError::host("TUNSETOFFLOAD", source))
     }
 
     fn reset(&mut self) {

@@ -1143,6 +1143,43 @@ fn net_transmit_with_a_writable_buffer_needs_reset() {
     assert!(needs_reset(&mem, 0));
 }
 
+/// A tap whose interface was deleted: every ioctl says EBADFD.
+struct GoneTap;
+
+impl TapControl for GoneTap {
+    fn set_vnet_hdr_size(&self, _: usize) -> std::io::Result<()> {
+        Err(std::io::Error::from_raw_os_error(libc::EBADFD))
+    }
+    fn set_offload(&self, _: u32) -> std::io::Result<()> {
+        Err(std::io::Error::from_raw_os_error(libc::EBADFD))
+    }
+}
+
+/// A tap that is gone (EBADFD) is not a device reset, which would only
+/// fail again forever: the bus records why the launcher must stop, naming
+/// the device, and kicks the vCPU thread out of RUN to see it.
+#[test]
+fn a_gone_tap_stops_the_launcher() {
+    let mem = memory();
+    let (dev_end, _host_end) = UnixDatagram::pair().expect("socketpair");
+    let net = Net::new(File::from(OwnedFd::from(dev_end)), Box::new(GoneTap), "lgtap0", true, 0);
+    let (bus, _) = bus(&mem, vec![Box::new(net)]);
+    let kicks = Arc::new(AtomicU64::new(0));
+    let k = kicks.clone();
+    bus.set_vcpu_kick(Box::new(move || {
+        k.fetch_add(1, Ordering::SeqCst);
+    }));
+    let rx = TestRing::new(&mem, RING0, 16);
+    let tx = TestRing::new(&mem, RING1, 16);
+    rx.configure(&mem, 0, 0);
+    tx.configure(&mem, 0, 1);
+    assert!(bus.fatal().is_none());
+    testring::start(&mem, &bus, 0, FEATURES);
+    let why = bus.fatal().expect("the launcher must stop");
+    assert!(why.contains("net0 (lgtap0)") && why.contains("TUNSETVNETHDRSZ"), "{why}");
+    assert_eq!(kicks.load(Ordering::SeqCst), 1, "the vCPU thread was kicked");
+}
+
 #[test]
 fn net_options_parse() {
     use net::TapSource;

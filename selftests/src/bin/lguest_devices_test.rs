@@ -283,12 +283,18 @@ fn blk_image_locked() -> TestResult {
 /// (`direct=on`), with the pattern landing in the image.
 fn blk_block_device() -> TestResult {
     let disk = Disk::new("loop", 2048, 0)?;
-    let out = std::process::Command::new("losetup").args(["-f", "--show", &disk.path()]).output();
-    let dev = match out {
+    // busybox's losetup has no --show: ask for a free device, then attach.
+    let losetup = |args: &[&str]| std::process::Command::new("losetup").args(args).output();
+    let dev = match losetup(&["-f"]) {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
-        Ok(o) => t::skip!("losetup: {}", String::from_utf8_lossy(&o.stderr).trim()),
+        Ok(o) => t::skip!("losetup -f: {}", String::from_utf8_lossy(&o.stderr).trim()),
         Err(e) => t::skip!("no losetup: {e}"),
     };
+    match losetup(&[&dev, &disk.path()]) {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => fail!("losetup {dev}: {}", String::from_utf8_lossy(&o.stderr).trim()),
+        Err(e) => fail!("losetup {dev}: {e}"),
+    }
     let result = (|| -> TestResult {
         let o = run(&["--disk", &dev], "devices", &[])?;
         check_eq!(o.code, 0, format!("devices on {dev} ({})", o.describe()));
