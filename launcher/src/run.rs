@@ -155,6 +155,10 @@ fn bind_kicks(lg: &Lguest, bus: &Bus<'_>) -> Result<bool> {
 
 /// Runs the guest and returns the launcher's exit status.
 pub fn run(opts: &RunOptions) -> Result<u8> {
+    // Every thread from here on (device models start some: the console's
+    // writer) starts with the signals blocked; only the vCPU thread
+    // unblocks them (signals.rs).
+    signals::block();
     let mem = GuestMemory::new(opts.mem_size, DEVICE_PAGES)?;
     let image = loader::load_file(&opts.guest, &mem)?;
     for seg in &image.segments {
@@ -200,9 +204,6 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
 
     // A fresh page has it clear; say so rather than rely on it.
     page.set_immediate_exit(false);
-    // Every thread from here on starts with the signals blocked; only the
-    // vCPU thread unblocks them (signals.rs).
-    signals::block();
     let _watchdog = signals::Watchdog::start(
         signals::GRACE,
         signals::WatchdogHooks {

@@ -190,6 +190,13 @@ fn switcher_unreachable() -> TestResult {
     Ok(())
 }
 
+/// Whether process `pid` has a handler for `sig` (SigCgt in its status).
+fn catches(pid: i32, sig: i32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:")).map(str::trim).unwrap_or("0");
+    u64::from_str_radix(mask, 16).is_ok_and(|m| m & (1 << (sig - 1)) != 0)
+}
+
 /// A guest spinning without hypercalls is stopped by SIGINT or SIGTERM to
 /// the launcher well within a second, with 128 + N (130, 143) as a shell
 /// would report it, and the host keeps running meanwhile.
@@ -197,6 +204,12 @@ fn signal_stops_spinner() -> TestResult {
     for (sig, code, name) in [(libc::SIGINT, 130, "SIGINT"), (libc::SIGTERM, 143, "SIGTERM")] {
         let child = spawn("guest-ops", &["spin"])?;
         let pid = child.id() as i32;
+        // Its handlers must be in place (else the signal's default action
+        // ends it, with the same status but no message).
+        check!(
+            t::wait_for(Duration::from_secs(30), || catches(pid, sig)),
+            "{name}: the launcher never installed its handler"
+        );
         // Let it reach the loop; the host must stay responsive meanwhile.
         let t0 = Instant::now();
         let mut n = 0u64;
