@@ -48,6 +48,14 @@ fn parse_irq_every(s: &str) -> Result<(u64, u32), String> {
     Ok((ms, irq))
 }
 
+/// Parses `--serial`: a console mode other than pty.
+fn parse_serial(s: &str) -> Result<virtio::console::ConsoleMode, String> {
+    match s.parse()? {
+        virtio::console::ConsoleMode::Pty => Err("pty is for --console only".into()),
+        mode => Ok(mode),
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Show the module's ABI version and check that it matches this launcher.
@@ -66,9 +74,19 @@ enum Command {
         /// thread (for testing interrupt delivery).
         #[arg(long, value_name = "MS:IRQ", value_parser = parse_irq_every)]
         irq_every: Option<(u64, u32)>,
-        /// No virtio console (it is there by default, on stdin and stdout).
+        /// The virtio console: tty (the default: stdin and stdout, in raw
+        /// mode when stdin is a terminal), off, file=PATH (output appended
+        /// to PATH, no input), or pty (a new pseudo-terminal, whose name
+        /// is printed on stderr).
+        #[arg(long, value_name = "off|tty|file=PATH|pty", default_value = "tty")]
+        console: virtio::console::ConsoleMode,
+        /// The same as --console off.
         #[arg(long)]
         no_console: bool,
+        /// The hypercall console (the guest's early output, LHCALL_NOTIFY):
+        /// tty (the default: stdout), off (dropped), or file=PATH.
+        #[arg(long, value_name = "off|tty|file=PATH", default_value = "tty", value_parser = parse_serial)]
+        serial: virtio::console::ConsoleMode,
         /// No virtio entropy device (there is one by default).
         #[arg(long)]
         no_rng: bool,
@@ -152,7 +170,9 @@ fn main() -> ExitCode {
         Command::Run {
             memory,
             irq_every,
+            console,
             no_console,
+            serial,
             no_rng,
             disk,
             net,
@@ -168,7 +188,8 @@ fn main() -> ExitCode {
             args: args.clone(),
             irq_every: *irq_every,
             devices: run::DeviceOptions {
-                console: !no_console,
+                console: if *no_console { virtio::console::ConsoleMode::Off } else { console.clone() },
+                serial: serial.clone(),
                 rng: !no_rng,
                 disks: disk.clone(),
                 nets: net.clone(),
@@ -246,6 +267,23 @@ mod tests {
         assert!(help.contains("Exit status:") && help.contains("143 SIGTERM"), "{help}");
         let err = parse(&["run", "--bogus", "g.elf"]).expect_err("unknown option");
         assert_eq!(err.exit_code(), i32::from(exit::EXIT_USAGE));
+    }
+
+    #[test]
+    fn console_modes() {
+        use virtio::console::ConsoleMode;
+        let cli = parse(&["run", "--console", "file=/tmp/c.log", "--serial", "off", "g.elf"]).expect("parse");
+        let Command::Run { console, serial, .. } = cli.command else { panic!("not run") };
+        assert_eq!(console, ConsoleMode::File("/tmp/c.log".into()));
+        assert_eq!(serial, ConsoleMode::Off);
+        let cli = parse(&["run", "g.elf"]).expect("parse");
+        let Command::Run { console, serial, .. } = cli.command else { panic!("not run") };
+        assert_eq!((console, serial), (ConsoleMode::Tty, ConsoleMode::Tty));
+        assert_eq!("pty".parse::<ConsoleMode>(), Ok(ConsoleMode::Pty));
+        assert!(parse(&["run", "--serial", "pty", "g.elf"]).is_err());
+        for bad in ["file=", "stdio", ""] {
+            assert!(bad.parse::<ConsoleMode>().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -35,7 +35,7 @@ use crate::memory::{GuestMemory, Size};
 use crate::signals;
 use crate::virtio::block::{Block, DiskOptions};
 use crate::virtio::bus::{Bus, EventFdIrq, IoctlIrq, IrqLine};
-use crate::virtio::console::Console;
+use crate::virtio::console::{Console, ConsoleMode};
 use crate::virtio::net::{Net, NetOptions, TapSource};
 use crate::virtio::rng::Rng;
 use crate::virtio::tap::Tap;
@@ -64,10 +64,12 @@ pub struct RunOptions {
 }
 
 /// Which devices the guest gets, and how they run.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceOptions {
-    /// A virtio console on stdin and stdout.
-    pub console: bool,
+    /// The virtio console.
+    pub console: ConsoleMode,
+    /// The hypercall console (the guest's early output).
+    pub serial: ConsoleMode,
     /// A virtio entropy device.
     pub rng: bool,
     /// Block devices.
@@ -84,15 +86,37 @@ pub struct DeviceOptions {
     pub stats: bool,
 }
 
+/// `path` opened for appending (created if missing).
+fn append(path: &std::path::Path) -> io::Result<File> {
+    std::fs::OpenOptions::new().create(true).append(true).open(path)
+}
+
 /// The device models `opts` asks for, in bus order.
 fn models(opts: &DeviceOptions) -> Result<Vec<Box<dyn VirtioDevice>>> {
     let mut v: Vec<Box<dyn VirtioDevice>> = Vec::new();
-    if opts.console {
-        let input = io::stdin().as_fd().try_clone_to_owned().map(File::from).context("duplicating stdin")?;
-        v.push(Box::new(
-            Console::with_writer_thread(Some(input), Box::new(io::stdout()))
-                .context("starting the console's writer")?,
-        ));
+    match &opts.console {
+        ConsoleMode::Off => {}
+        ConsoleMode::Tty => {
+            let input = io::stdin().as_fd().try_clone_to_owned().map(File::from).context("duplicating stdin")?;
+            v.push(Box::new(
+                Console::with_writer_thread(Some(input), Box::new(io::stdout()))
+                    .context("starting the console's writer")?,
+            ));
+        }
+        ConsoleMode::File(path) => {
+            let out = append(path).with_context(|| format!("opening the console file {}", path.display()))?;
+            v.push(Box::new(
+                Console::with_writer_thread(None, Box::new(out)).context("starting the console's writer")?,
+            ));
+        }
+        ConsoleMode::Pty => {
+            let (master, path) = crate::virtio::console::open_pty().context("opening a pseudo-terminal")?;
+            let out = master.try_clone().context("duplicating the pty")?;
+            eprintln!("lguest: virtio console on {path}");
+            v.push(Box::new(
+                Console::with_writer_thread(Some(master), Box::new(out)).context("starting the console's writer")?,
+            ));
+        }
     }
     if opts.rng {
         v.push(Box::new(Rng));
@@ -213,7 +237,7 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
         },
     )?;
     let guard = signals::install(&page)?;
-    let term = if opts.devices.console {
+    let term = if opts.devices.console == ConsoleMode::Tty {
         match RawTerminal::enter() {
             Ok(t) => t,
             Err(e) => {
@@ -224,7 +248,13 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
     } else {
         None
     };
-    let mut stdout = StopAwareStdout;
+    let mut stdout: Box<dyn Write> = match &opts.devices.serial {
+        ConsoleMode::Off => Box::new(io::sink()),
+        ConsoleMode::File(path) => {
+            Box::new(append(path).with_context(|| format!("opening the serial file {}", path.display()))?)
+        }
+        ConsoleMode::Tty | ConsoleMode::Pty => Box::new(StopAwareStdout),
+    };
     let stop = std::sync::atomic::AtomicBool::new(false);
     let result = std::thread::scope(|scope| {
         for index in 0..bus.len() {
@@ -245,7 +275,7 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
         }
         signals::unblock();
         let vcpu = DevVcpu { lg: &lg, index: vcpu, page: &page };
-        let r = run_loop(&vcpu, &mem, Some(&bus), &mut stdout, &signals::stop_signal, &|| bus.fatal());
+        let r = run_loop(&vcpu, &mem, Some(&bus), &mut *stdout, &signals::stop_signal, &|| bus.fatal());
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         bus.shutdown();
         r

@@ -115,6 +115,63 @@ enum Sink {
     Queued(Arc<OutQueue>),
 }
 
+/// Where the virtio console (`--console`) or the hypercall console
+/// (`--serial`) is connected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConsoleMode {
+    /// None (`--console off`: no virtio console; `--serial off`: the
+    /// guest's early output is dropped).
+    Off,
+    /// The launcher's stdin and stdout (raw mode when stdin is a terminal).
+    Tty,
+    /// Output appended to a file, no input.
+    File(std::path::PathBuf),
+    /// A new pseudo-terminal, whose name the launcher prints (virtio
+    /// console only).
+    Pty,
+}
+
+impl std::str::FromStr for ConsoleMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(Self::Off),
+            "tty" => Ok(Self::Tty),
+            "pty" => Ok(Self::Pty),
+            _ => match s.strip_prefix("file=") {
+                Some(p) if !p.is_empty() => Ok(Self::File(p.into())),
+                _ => Err(format!("{s:?}: expected off, tty, pty or file=PATH")),
+            },
+        }
+    }
+}
+
+/// Opens a new pseudo-terminal: its master (for the device) and the
+/// slave's path (for the user).
+pub fn open_pty() -> std::io::Result<(File, String)> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: posix_openpt takes flags only and returns a new descriptor.
+    let fd = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor that nothing else owns.
+    let master = unsafe { File::from_raw_fd(fd) };
+    let mut name = [0 as libc::c_char; 128];
+    // SAFETY: grantpt/unlockpt take the descriptor; ptsname_r writes at
+    // most `name.len()` bytes, NUL included, into the live array.
+    let ok = unsafe {
+        libc::grantpt(fd) == 0 && libc::unlockpt(fd) == 0 && libc::ptsname_r(fd, name.as_mut_ptr(), name.len()) == 0
+    };
+    if !ok {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: ptsname_r wrote a NUL-terminated string into `name`.
+    let path = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
+    Ok((master, path))
+}
+
 /// The console device.
 pub struct Console {
     input: Option<File>,

@@ -14,8 +14,9 @@
 use std::io;
 use std::sync::Mutex;
 
-/// The settings to put back and the raw ones, while a guard lives.
-static SAVED: Mutex<Option<(libc::termios, libc::termios)>> = Mutex::new(None);
+/// The terminal, the settings to put back and the raw ones, while a guard
+/// lives.
+static SAVED: Mutex<Option<(libc::c_int, libc::termios, libc::termios)>> = Mutex::new(None);
 
 /// Raw mode on stdin while this lives.
 #[derive(Debug)]
@@ -42,8 +43,8 @@ fn tcsetattr(fd: libc::c_int, t: &libc::termios) -> io::Result<()> {
 /// Puts the saved settings back, if any (idempotent).
 pub fn restore_now() {
     let saved = SAVED.lock().map(|mut s| s.take()).unwrap_or(None);
-    if let Some((t, _)) = saved {
-        let _ = tcsetattr(libc::STDIN_FILENO, &t);
+    if let Some((fd, t, _)) = saved {
+        let _ = tcsetattr(fd, &t);
     }
 }
 
@@ -51,39 +52,45 @@ pub fn restore_now() {
 /// [`resume`].
 pub fn suspend() {
     let saved = SAVED.lock().map(|s| *s).unwrap_or(None);
-    if let Some((t, _)) = saved {
-        let _ = tcsetattr(libc::STDIN_FILENO, &t);
+    if let Some((fd, t, _)) = saved {
+        let _ = tcsetattr(fd, &t);
     }
 }
 
 /// Raw mode again after [`suspend`] (the process was continued).
 pub fn resume() {
     let saved = SAVED.lock().map(|s| *s).unwrap_or(None);
-    if let Some((_, raw)) = saved {
-        let _ = tcsetattr(libc::STDIN_FILENO, &raw);
+    if let Some((fd, _, raw)) = saved {
+        let _ = tcsetattr(fd, &raw);
     }
 }
 
 impl RawTerminal {
     /// Raw mode on stdin if it is a terminal; `None` if it is not.
     pub fn enter() -> io::Result<Option<Self>> {
+        Self::enter_fd(libc::STDIN_FILENO)
+    }
+
+    /// Raw mode on terminal `fd` (stdin, or a pty in tests); `None` if it
+    /// is not a terminal.
+    pub fn enter_fd(fd: libc::c_int) -> io::Result<Option<Self>> {
         // SAFETY: isatty only inspects the descriptor number.
-        if unsafe { libc::isatty(libc::STDIN_FILENO) } != 1 {
+        if unsafe { libc::isatty(fd) } != 1 {
             return Ok(None);
         }
-        let old = tcgetattr(libc::STDIN_FILENO)?;
+        let old = tcgetattr(fd)?;
         let mut raw = old;
         raw.c_lflag &= !(libc::ICANON | libc::ECHO | libc::ECHONL | libc::IEXTEN);
         raw.c_iflag &= !(libc::ICRNL | libc::IXON);
         raw.c_cc[libc::VMIN] = 1;
         raw.c_cc[libc::VTIME] = 0;
-        *SAVED.lock().map_err(|_| io::Error::other("terminal state lock poisoned"))? = Some((old, raw));
+        *SAVED.lock().map_err(|_| io::Error::other("terminal state lock poisoned"))? = Some((fd, old, raw));
         let hook = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             restore_now();
             hook(info);
         }));
-        tcsetattr(libc::STDIN_FILENO, &raw)?;
+        tcsetattr(fd, &raw)?;
         Ok(Some(Self(())))
     }
 }
@@ -91,5 +98,39 @@ impl RawTerminal {
 impl Drop for RawTerminal {
     fn drop(&mut self) {
         restore_now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    fn canonical(fd: libc::c_int) -> bool {
+        tcgetattr(fd).expect("tcgetattr").c_lflag & libc::ICANON != 0
+    }
+
+    /// On a pty: raw while the guard lives, cooked for a Ctrl-Z stop
+    /// (suspend) and raw again after it (resume), and restored when the
+    /// guard goes (or by restore_now, as the watchdog does).
+    #[test]
+    fn raw_mode_is_restored_on_every_path() {
+        let (master, path) = crate::virtio::console::open_pty().expect("pty");
+        let slave = std::fs::OpenOptions::new().read(true).write(true).open(&path).expect("slave");
+        let fd = slave.as_raw_fd();
+        assert!(canonical(fd), "a new pty is cooked");
+        let guard = RawTerminal::enter_fd(fd).expect("enter").expect("a terminal");
+        assert!(!canonical(fd), "raw");
+        suspend();
+        assert!(canonical(fd), "cooked while stopped");
+        resume();
+        assert!(!canonical(fd), "raw again after SIGCONT");
+        drop(guard);
+        assert!(canonical(fd), "restored by the guard");
+        let _guard = RawTerminal::enter_fd(fd).expect("enter").expect("a terminal");
+        restore_now();
+        assert!(canonical(fd), "restored by restore_now");
+        drop(master);
     }
 }

@@ -320,6 +320,112 @@ fn blk_block_device() -> TestResult {
     Ok(())
 }
 
+/// `--console file=F --serial file=G`: the virtio console's output is in
+/// F, the hypercall console's (the device list the guest prints first) in
+/// G, and neither is on stdout; `--serial off` drops the early output.
+fn console_and_serial_files() -> TestResult {
+    let dir = std::env::temp_dir();
+    let (con, ser) = (
+        dir.join(format!("lguest-con-{}.log", std::process::id())),
+        dir.join(format!("lguest-ser-{}.log", std::process::id())),
+    );
+    let _ = (std::fs::remove_file(&con), std::fs::remove_file(&ser));
+    let (c, s) = (format!("file={}", con.display()), format!("file={}", ser.display()));
+    let o = run(&["--console", &c, "--serial", &s], "devices", &[])?;
+    let (ctext, stext) =
+        (std::fs::read_to_string(&con).unwrap_or_default(), std::fs::read_to_string(&ser).unwrap_or_default());
+    let _ = (std::fs::remove_file(&con), std::fs::remove_file(&ser));
+    check_eq!(o.code, 0, format!("exit status ({})", o.describe()));
+    check!(ctext.contains("devices: hello from the lguest guest over the virtio console"), "console file: {ctext:?}");
+    check!(stext.contains("on the lguest bus"), "serial file: {stext:?}");
+    check!(!ctext.contains("on the lguest bus") && !stext.contains("devices: hello"), "mixed: {ctext:?} / {stext:?}");
+    check!(o.stdout.is_empty(), "stdout is not empty: {}", o.describe());
+    let o = run(&["--serial", "off"], "devices", &[])?;
+    check_eq!(o.code, 0, format!("--serial off ({})", o.describe()));
+    check!(!o.stdout.contains("on the lguest bus") && o.stdout.contains("devices: hello"), "{}", o.describe());
+    Ok(())
+}
+
+/// A pty pair: the master and the slave, opened.
+fn pty() -> Result<(std::fs::File, std::fs::File), t::NotPassed> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: posix_openpt takes flags and returns a new descriptor.
+    let fd = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY) };
+    check!(fd >= 0, "posix_openpt: {}", t::errname(t::errno()));
+    // SAFETY: a new descriptor nothing else owns.
+    let master = unsafe { std::fs::File::from_raw_fd(fd) };
+    // SAFETY: grantpt/unlockpt take the descriptor; ptsname returns a
+    // static string valid until the next call, copied at once.
+    let name = unsafe {
+        check!(libc::grantpt(fd) == 0 && libc::unlockpt(fd) == 0, "grantpt: {}", t::errname(t::errno()));
+        let p = libc::ptsname(fd);
+        check!(!p.is_null(), "ptsname: {}", t::errname(t::errno()));
+        std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+    };
+    let slave = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&name)
+        .map_err(|e| t::NotPassed::Fail(format!("{name}: {e}")))?;
+    Ok((master, slave))
+}
+
+/// Whether terminal `fd` is in canonical (cooked) mode.
+fn cooked(fd: i32) -> bool {
+    // SAFETY: termios is plain data; tcgetattr fills it in.
+    let mut tio: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: a live termios and descriptor.
+    unsafe { libc::tcgetattr(fd, &mut tio) == 0 && tio.c_lflag & libc::ICANON != 0 }
+}
+
+/// The state letter of process `pid` (R, S, T, ...).
+fn state(pid: i32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit(')').next().and_then(|r| r.trim().chars().next()).unwrap_or('?')
+}
+
+/// With stdin a terminal the launcher puts it in raw mode, and gives it
+/// back on every way out: Ctrl-Z (SIGTSTP) stops the launcher with the
+/// terminal cooked, SIGCONT makes it raw again, and Ctrl-\ (SIGQUIT) ends
+/// it (status 131) with the terminal cooked.
+fn raw_terminal_restored() -> TestResult {
+    use std::os::fd::AsRawFd;
+    use std::process::{Command, Stdio};
+    let (master, slave) = pty()?;
+    let fd = slave.as_raw_fd();
+    let stdin = slave.try_clone().map_err(|e| t::NotPassed::Fail(e.to_string()))?;
+    let mut child = Command::new(t::launcher())
+        .args(["run", &guest("guest-ops"), "sleep", "100000"])
+        .stdin(Stdio::from(stdin))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| t::NotPassed::Fail(format!("cannot start the launcher: {e}")))?;
+    let pid = child.id() as i32;
+    let result = (|| -> TestResult {
+        check!(t::wait_for(TIMEOUT, || !cooked(fd)), "the launcher never made the terminal raw");
+        // SAFETY: kill(2) on our own child, not yet waited for.
+        unsafe { libc::kill(pid, libc::SIGTSTP) };
+        check!(t::wait_for(TIMEOUT, || state(pid) == 'T'), "SIGTSTP did not stop it (state {})", state(pid));
+        check!(cooked(fd), "the terminal stayed raw while the launcher was stopped");
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        check!(t::wait_for(TIMEOUT, || !cooked(fd)), "not raw again after SIGCONT");
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGQUIT) };
+        let st = child.wait().map_err(|e| t::NotPassed::Fail(e.to_string()))?;
+        check_eq!(st.code(), Some(131), format!("status after SIGQUIT ({st:?})"));
+        check!(cooked(fd), "the terminal stayed raw after SIGQUIT");
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    drop(master);
+    result
+}
+
 /// Bytes waiting in the pipe `fd` and its capacity.
 fn pipe_fill(fd: i32) -> (i32, i32) {
     let mut n: libc::c_int = 0;
@@ -399,5 +505,7 @@ fn main() -> ExitCode {
         ("stop_with_stdout_blocked", stop_with_stdout_blocked),
         ("blk_image_locked", blk_image_locked),
         ("blk_block_device", blk_block_device),
+        ("console_and_serial_files", console_and_serial_files),
+        ("raw_terminal_restored", raw_terminal_restored),
     ])
 }
