@@ -19,6 +19,7 @@ mod exit;
 mod loader;
 mod memory;
 mod run;
+mod sandbox;
 mod signals;
 mod virtio;
 
@@ -119,6 +120,13 @@ enum Command {
         /// for comparison.
         #[arg(long)]
         sync_kicks: bool,
+        /// The seccomp filters, installed per thread type once set-up is
+        /// done (after the capabilities are dropped): on (the default: a
+        /// forbidden system call ends the launcher, status 159, naming the
+        /// thread and the call), log (allowed, and logged by the kernel),
+        /// or off.
+        #[arg(long, value_name = "off|log|on", default_value = "on")]
+        seccomp: sandbox::SeccompMode,
         /// Print per-device counters (packets, bytes, kicks, interrupts) on
         /// stderr at exit.
         #[arg(long)]
@@ -178,6 +186,7 @@ fn main() -> ExitCode {
             net,
             no_ioeventfd,
             sync_kicks,
+            seccomp,
             stats,
             guest,
             args,
@@ -187,6 +196,7 @@ fn main() -> ExitCode {
             guest: guest.clone(),
             args: args.clone(),
             irq_every: *irq_every,
+            seccomp: *seccomp,
             devices: run::DeviceOptions {
                 console: if *no_console { virtio::console::ConsoleMode::Off } else { console.clone() },
                 serial: serial.clone(),

@@ -32,6 +32,7 @@ use crate::dev::{DevError, ExitData, Lguest, RunPage};
 use crate::exit::{self, Action};
 use crate::loader;
 use crate::memory::{GuestMemory, Size};
+use crate::sandbox::{self, Role, SeccompMode};
 use crate::signals;
 use crate::virtio::block::{Block, DiskOptions};
 use crate::virtio::bus::{Bus, EventFdIrq, IoctlIrq, IrqLine};
@@ -59,6 +60,8 @@ pub struct RunOptions {
     /// Raise an interrupt periodically from another thread: (period in
     /// milliseconds, IRQ). For testing interrupt delivery.
     pub irq_every: Option<(u64, u32)>,
+    /// The seccomp filters' mode.
+    pub seccomp: SeccompMode,
     /// The devices on the lguest bus.
     pub devices: DeviceOptions,
 }
@@ -183,6 +186,10 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
     // writer) starts with the signals blocked; only the vCPU thread
     // unblocks them (signals.rs).
     signals::block();
+    sandbox::prepare(opts.seccomp)?;
+    // The test hook of lguest_devices_test's seccomp test: the first device
+    // thread makes a forbidden system call.
+    let selftest = std::env::var_os("LGUEST_SECCOMP_SELFTEST").is_some();
     let mem = GuestMemory::new(opts.mem_size, DEVICE_PAGES)?;
     let image = loader::load_file(&opts.guest, &mem)?;
     for seg in &image.segments {
@@ -228,6 +235,9 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
 
     // A fresh page has it clear; say so rather than rely on it.
     page.set_immediate_exit(false);
+    // Everything is open and the VM exists: no capability is needed any
+    // more. The threads started from here inherit the empty sets.
+    sandbox::drop_capabilities()?;
     let _watchdog = signals::Watchdog::start(
         signals::GRACE,
         signals::WatchdogHooks {
@@ -259,11 +269,18 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
     let result = std::thread::scope(|scope| {
         for index in 0..bus.len() {
             let bus = &bus;
-            scope.spawn(move || bus.run_device(index));
+            scope.spawn(move || {
+                enter_or_exit(Role::Device);
+                if selftest && index == 0 {
+                    sandbox::forbidden_syscall();
+                }
+                bus.run_device(index)
+            });
         }
         if let Some((ms, irq)) = opts.irq_every {
             let (lg, stop) = (&lg, &stop);
             scope.spawn(move || {
+                enter_or_exit(Role::Device);
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     std::thread::sleep(std::time::Duration::from_millis(ms));
                     if let Err(e) = lg.irq(irq) {
@@ -274,6 +291,7 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
             });
         }
         signals::unblock();
+        enter_or_exit(Role::Vcpu);
         let vcpu = DevVcpu { lg: &lg, index: vcpu, page: &page };
         let r = run_loop(&vcpu, &mem, Some(&bus), &mut *stdout, &signals::stop_signal, &|| bus.fatal());
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -289,6 +307,15 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
     let stats = page.stats();
     log::info!("vCPU {vcpu}: {} exits, {} hypercalls", stats.exits, stats.hypercalls);
     result
+}
+
+/// Installs `role`'s seccomp filter on the calling thread; a thread that
+/// cannot be confined ends the launcher (status 1).
+pub fn enter_or_exit(role: Role) {
+    if let Err(e) = sandbox::enter(role) {
+        eprintln!("lguest: {e}");
+        std::process::exit(i32::from(exit::EXIT_LAUNCHER));
+    }
 }
 
 /// What the run loop needs of a vCPU: a fake stands in for it in tests.

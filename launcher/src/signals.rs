@@ -228,6 +228,10 @@ impl Watchdog {
 /// The watchdog's loop on the read end `rd` of its pipe.
 fn watch(rd: libc::c_int, grace: Duration, hooks: WatchdogHooks) {
     block();
+    if let Err(e) = crate::sandbox::drop_capabilities() {
+        log::warn!("watchdog: {e}");
+    }
+    crate::run::enter_or_exit(crate::sandbox::Role::Helper);
     let mut deadline: Option<Instant> = None;
     loop {
         // CAST: at most `grace` (half a second) in milliseconds.

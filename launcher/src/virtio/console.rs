@@ -77,6 +77,10 @@ impl OutQueue {
 
     /// The writer thread's loop.
     fn serve(&self, mut out: Box<dyn Write + Send>) {
+        if let Err(e) = crate::sandbox::drop_capabilities() {
+            log::warn!("console writer: {e}");
+        }
+        crate::run::enter_or_exit(crate::sandbox::Role::Helper);
         let mut broken = false;
         loop {
             let chunk: Vec<u8> = {

@@ -937,6 +937,36 @@ fn block_size_and_kind() {
     assert!(err.to_string().contains("neither a regular file nor a block device"), "{err}");
 }
 
+/// A loop device over an image of 77 sectors (this needs root and
+/// losetup, as the test machines have; without them there is nothing to
+/// check): its stat size is 0, and the disk has 77 sectors, read-only and
+/// read-write, without the lock and with it.
+#[test]
+fn block_device_capacity_comes_from_its_end() {
+    let disk = TempDisk::new(77);
+    let out = std::process::Command::new("losetup").args(["-f", "--show"]).arg(&disk.0).output();
+    let dev = match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        other => {
+            eprintln!("no loop device ({other:?}): nothing to check");
+            return;
+        }
+    };
+    struct Detach(String);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("losetup").args(["-d", &self.0]).status();
+        }
+    }
+    let _detach = Detach(dev.clone());
+    assert_eq!(std::fs::metadata(&dev).expect("stat").len(), 0, "a block device has no stat size");
+    for (ro, lock) in [(true, false), (false, true)] {
+        let opts = DiskOptions { read_only: ro, lock, ..DiskOptions::new(dev.clone()) };
+        let blk = Block::open(&opts, 0).expect("open the loop device");
+        assert_eq!(blk.config()[..8], 77u64.to_le_bytes(), "{dev}: capacity (ro {ro})");
+    }
+}
+
 /// `id=` is what GET_ID returns.
 #[test]
 fn block_id_option() {

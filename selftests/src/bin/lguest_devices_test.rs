@@ -283,6 +283,11 @@ fn blk_image_locked() -> TestResult {
 /// (`direct=on`), with the pattern landing in the image.
 fn blk_block_device() -> TestResult {
     let disk = Disk::new("loop", 2048, 0)?;
+    if !std::fs::read_to_string("/proc/devices").unwrap_or_default().lines().any(|l| l.ends_with(" loop")) {
+        t::skip!(
+            "no loop devices in this kernel (CONFIG_BLK_DEV_LOOP); the launcher's unit tests size a real block device"
+        );
+    }
     // busybox's losetup has no --show: ask for a free device, then attach.
     let losetup = |args: &[&str]| std::process::Command::new("losetup").args(args).output();
     let dev = match losetup(&["-f"]) {
@@ -426,6 +431,69 @@ fn raw_terminal_restored() -> TestResult {
     result
 }
 
+/// The sandbox: a device thread that makes a system call its seccomp
+/// filter does not list (the launcher's test hook
+/// `LGUEST_SECCOMP_SELFTEST`: the first device thread calls `uname`) ends
+/// the launcher at once, status 159 (128 + SIGSYS), with a message naming
+/// the thread and the call; with `--seccomp=log` the call is allowed (and
+/// logged by the kernel) and the guest finishes, as with `--seccomp=off`.
+fn seccomp_forbidden_call() -> TestResult {
+    let cases: [(&[&str], i32); 3] = [(&[], 159), (&["--seccomp=log"], 0), (&["--seccomp=off"], 0)];
+    for (opts, code) in cases {
+        let o = std::process::Command::new(t::launcher())
+            .env("LGUEST_SECCOMP_SELFTEST", "1")
+            .arg("run")
+            .args(opts)
+            .arg(guest("devices"))
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| t::NotPassed::Fail(format!("cannot run the launcher: {e}")))?;
+        let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        check_eq!(o.status.code(), Some(code), format!("{opts:?}: status ({stdout:?} / {stderr:?})"));
+        let msg = "lguest: seccomp: the device thread made system call 63 (uname), which its filter forbids";
+        if code == 159 {
+            check!(stderr.contains(msg), "{opts:?}: no message {msg:?}: {stderr:?}");
+            check!(!stdout.contains("devices: done"), "{opts:?}: the guest finished: {stdout:?}");
+        } else {
+            check!(stdout.contains("devices: done"), "{opts:?}: the guest did not finish: {stdout:?} / {stderr:?}");
+        }
+    }
+    Ok(())
+}
+
+/// What /proc says of each thread of `pid`: (name, Seccomp mode, CapEff).
+fn threads(pid: i32) -> Vec<(String, String, String)> {
+    let mut v = Vec::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return v };
+    for e in dir.flatten() {
+        let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+        let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(k)).unwrap_or("").trim().to_string();
+        v.push((field("Name:"), field("Seccomp:"), field("CapEff:")));
+    }
+    v
+}
+
+/// While a guest runs (with a console, an entropy source and a disk), every
+/// thread of the launcher (root when started) has no capability left and
+/// a seccomp filter (mode 2): the vCPU thread, each device thread, the
+/// console's writer and the watchdog.
+fn sandboxed_threads() -> TestResult {
+    let disk = Disk::new("sandbox", 64, 0)?;
+    let a = strings(&["run", "--disk", &disk.path(), &guest("guest-ops"), "sleep", "60000"]);
+    let mut p = Proc::launcher(&a, None)?;
+    // The vCPU thread, three device threads, the writer and the watchdog.
+    let confined = |v: &[(String, String, String)]| {
+        v.len() >= 6 && v.iter().all(|(_, sec, cap)| sec == "2" && cap.trim_start_matches('0').is_empty())
+    };
+    let ok = t::wait_for(TIMEOUT, || !p.running() || confined(&threads(p.pid())));
+    let seen = threads(p.pid());
+    p.signal(libc::SIGTERM);
+    let o = p.wait(TIMEOUT)?;
+    check!(ok && confined(&seen), "threads (name, seccomp, CapEff): {seen:?}; {}", o.describe());
+    check_eq!(o.code, 143, format!("after SIGTERM ({})", o.describe()));
+    Ok(())
+}
+
 /// Bytes waiting in the pipe `fd` and its capacity.
 fn pipe_fill(fd: i32) -> (i32, i32) {
     let mut n: libc::c_int = 0;
@@ -507,5 +575,7 @@ fn main() -> ExitCode {
         ("blk_block_device", blk_block_device),
         ("console_and_serial_files", console_and_serial_files),
         ("raw_terminal_restored", raw_terminal_restored),
+        ("seccomp_forbidden_call", seccomp_forbidden_call),
+        ("sandboxed_threads", sandboxed_threads),
     ])
 }

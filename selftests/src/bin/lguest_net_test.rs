@@ -223,6 +223,44 @@ fn tap_fd_and_mac() -> TestResult {
     Ok(())
 }
 
+/// `lguest run` as an unprivileged user (nobody), with a tap that root
+/// made and opened and passed down (`--net fd=N`): the guest pings the
+/// host. Access to /dev/lguest is given for the test (it is root's, 0600,
+/// by default; the mode is put back afterwards), and the locked-memory
+/// limit raised, as an administrator granting it would.
+fn unprivileged_with_passed_tap() -> TestResult {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    t::private_netns(TAP, &format!("{HOST}/24"))?;
+    let tap = t::open_tap(TAP)?;
+    let fd = tap.as_raw_fd();
+    // SAFETY: F_SETFD with an integer argument on a live descriptor.
+    check!(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } == 0, "cannot clear FD_CLOEXEC");
+    let lim = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+    // SAFETY: setrlimit reads one live rlimit; the child inherits it.
+    check!(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) } == 0, "cannot raise RLIMIT_MEMLOCK");
+    let node = "/dev/lguest";
+    let old = std::fs::metadata(node).map_err(|e| t::NotPassed::Fail(format!("{node}: {e}")))?.permissions();
+    std::fs::set_permissions(node, std::fs::Permissions::from_mode(0o666))
+        .map_err(|e| t::NotPassed::Fail(format!("chmod {node}: {e}")))?;
+    let out = std::process::Command::new(t::launcher())
+        .args(["run", "--memory", "128M", "--net", &format!("fd={fd}"), &guest("tcpblast"), GUEST_IP, "ping=6"])
+        .arg(format!("pinghost={HOST}"))
+        .uid(65534)
+        .gid(65534)
+        .stdin(std::process::Stdio::null())
+        .output();
+    let _ = std::fs::set_permissions(node, old);
+    let o = out.map_err(|e| t::NotPassed::Fail(format!("cannot run the launcher as nobody: {e}")))?;
+    let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    check_eq!(o.status.code(), Some(0), format!("the launcher as nobody ({stdout:?} / {stderr:?})"));
+    let want = format!("tcpblast: ping host {HOST}: 5 sent, 5 replies");
+    check!(stdout.contains(&want), "no {want:?}: {stdout:?} / {stderr:?}");
+    drop(tap);
+    Ok(())
+}
+
 fn main() -> ExitCode {
     t::run(&[
         ("ping_both_ways", ping_both_ways),
@@ -231,5 +269,6 @@ fn main() -> ExitCode {
         ("tcp_loaded_guest", tcp_loaded_guest),
         ("tap_deleted_under_traffic", tap_deleted_under_traffic),
         ("tap_fd_and_mac", tap_fd_and_mac),
+        ("unprivileged_with_passed_tap", unprivileged_with_passed_tap),
     ])
 }
