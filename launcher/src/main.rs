@@ -127,10 +127,13 @@ enum Command {
         /// or off.
         #[arg(long, value_name = "off|log|on", default_value = "on")]
         seccomp: sandbox::SeccompMode,
-        /// Print per-device counters (packets, bytes, kicks, interrupts) on
-        /// stderr at exit.
-        #[arg(long)]
-        stats: bool,
+        /// Print the counters on stderr at exit: the vCPU's exits and
+        /// hypercalls, the device interrupts, and per device its kicks,
+        /// interrupts, packets or requests, bytes and drops; as text (the
+        /// default) or --stats=json (one JSON object). SIGUSR1 prints the
+        /// same while the guest runs.
+        #[arg(long, value_name = "text|json", num_args = 0..=1, require_equals = true, default_missing_value = "text")]
+        stats: Option<run::StatsFormat>,
         /// The guest ELF image.
         #[arg(value_name = "GUEST.elf")]
         guest: PathBuf,
@@ -277,6 +280,18 @@ mod tests {
         assert!(help.contains("Exit status:") && help.contains("143 SIGTERM"), "{help}");
         let err = parse(&["run", "--bogus", "g.elf"]).expect_err("unknown option");
         assert_eq!(err.exit_code(), i32::from(exit::EXIT_USAGE));
+    }
+
+    #[test]
+    fn stats_formats() {
+        let stats = |args: &[&str]| match parse(args).expect("parse").command {
+            Command::Run { stats, guest, .. } => (stats, guest),
+            Command::Version => panic!("not run"),
+        };
+        assert_eq!(stats(&["run", "g.elf"]), (None, PathBuf::from("g.elf")));
+        assert_eq!(stats(&["run", "--stats", "g.elf"]), (Some(run::StatsFormat::Text), PathBuf::from("g.elf")));
+        assert_eq!(stats(&["run", "--stats=json", "g.elf"]), (Some(run::StatsFormat::Json), PathBuf::from("g.elf")));
+        assert!(parse(&["run", "--stats=xml", "g.elf"]).is_err());
     }
 
     #[test]

@@ -66,6 +66,27 @@ pub struct RunOptions {
     pub devices: DeviceOptions,
 }
 
+/// `--stats`: how the counters are printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatsFormat {
+    /// Lines for people.
+    Text,
+    /// One JSON object per report.
+    Json,
+}
+
+impl std::str::FromStr for StatsFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "text" => Ok(Self::Text),
+            "json" => Ok(Self::Json),
+            _ => Err(format!("{s:?}: expected text or json")),
+        }
+    }
+}
+
 /// Which devices the guest gets, and how they run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceOptions {
@@ -85,8 +106,8 @@ pub struct DeviceOptions {
     /// Serve kicks on the vCPU thread before the guest goes on (implies no
     /// ioeventfds): lguest's structure in 2009, for the benchmarks.
     pub sync_kicks: bool,
-    /// Print per-device counters at exit.
-    pub stats: bool,
+    /// Print the counters at exit, in this format.
+    pub stats: Option<StatsFormat>,
 }
 
 /// `path` opened for appending (created if missing).
@@ -293,15 +314,25 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
         signals::unblock();
         enter_or_exit(Role::Vcpu);
         let vcpu = DevVcpu { lg: &lg, index: vcpu, page: &page };
-        let r = run_loop(&vcpu, &mem, Some(&bus), &mut *stdout, &signals::stop_signal, &|| bus.fatal());
+        let format = opts.devices.stats.unwrap_or(StatsFormat::Text);
+        let dump = || {
+            if !signals::take_dump_request() {
+                return false;
+            }
+            eprint!("{}", report(format, &page, &bus));
+            page.set_immediate_exit(false);
+            true
+        };
+        let hooks = Hooks { stop_signal: &signals::stop_signal, fatal: &|| bus.fatal(), dump: &dump };
+        let r = run_loop(&vcpu, &mem, Some(&bus), &mut *stdout, &hooks);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         bus.shutdown();
         r
     });
     drop(term);
     drop(guard);
-    if opts.devices.stats {
-        eprint!("{}", bus.stats());
+    if let Some(format) = opts.devices.stats {
+        eprint!("{}", report(format, &page, &bus));
     }
 
     let stats = page.stats();
@@ -372,6 +403,25 @@ impl Write for StopAwareStdout {
     }
 }
 
+/// What the run loop asks between exits; the defaults ([`Hooks::none`])
+/// say nothing ever happens (tests).
+struct Hooks<'h> {
+    /// The first stopping signal, if one came.
+    stop_signal: &'h dyn Fn() -> Option<libc::c_int>,
+    /// Why the launcher must stop: a device's host side is gone.
+    fatal: &'h dyn Fn() -> Option<String>,
+    /// SIGUSR1 asked for a statistics dump: print it, clear
+    /// `immediate_exit`; true if one was asked for.
+    dump: &'h dyn Fn() -> bool,
+}
+
+impl Hooks<'static> {
+    #[cfg(test)]
+    fn none() -> Self {
+        Hooks { stop_signal: &|| None, fatal: &|| None, dump: &|| false }
+    }
+}
+
 /// Runs `vcpu` until an exit stops it, RUN fails, or it returns `EINTR`
 /// while `stop_signal()` says a stopping signal N came (the status is then
 /// 128 + N), or `fatal()` says a device's host side is gone (an error).
@@ -381,23 +431,28 @@ fn run_loop(
     mem: &GuestMemory,
     bus: Option<&Bus<'_>>,
     out: &mut dyn Write,
-    stop_signal: &dyn Fn() -> Option<libc::c_int>,
-    fatal: &dyn Fn() -> Option<String>,
+    hooks: &Hooks<'_>,
 ) -> Result<u8> {
     let stopped = |sig: libc::c_int| {
         eprintln!("lguest: interrupted by {}", signals::name(sig));
         Ok(signals::exit_status(sig))
     };
     loop {
-        if let Some(why) = fatal() {
+        if let Some(why) = (hooks.fatal)() {
             bail!("{why}");
+        }
+        // After a dump, a stopping signal may have come too: look.
+        if (hooks.dump)() {
+            if let Some(sig) = (hooks.stop_signal)() {
+                return stopped(sig);
+            }
         }
         if let Err(e) = vcpu.run() {
             if e.raw_os_error() == Some(libc::EINTR) {
-                if let Some(sig) = stop_signal() {
+                if let Some(sig) = (hooks.stop_signal)() {
                     return stopped(sig);
                 }
-                // Some other signal: run again.
+                // Some other signal (a dump, a kick): run again.
                 continue;
             }
             return Err(DevError::Ioctl { what: "LGUEST_RUN", source: e }.into());
@@ -405,7 +460,9 @@ fn run_loop(
         let action = match exit::handle_exit(&vcpu.exit(), mem, bus, out) {
             Ok(action) => action,
             // A console write that a signal cut short.
-            Err(_) if stop_signal().is_some() => return stopped(stop_signal().unwrap_or(libc::SIGTERM)),
+            Err(_) if (hooks.stop_signal)().is_some() => {
+                return stopped((hooks.stop_signal)().unwrap_or(libc::SIGTERM))
+            }
             Err(e) => return Err(anyhow::Error::new(e).context("handling a guest exit")),
         };
         match action {
@@ -420,12 +477,36 @@ fn run_loop(
     }
 }
 
+/// The `--stats` report of the whole VM: the vCPU's exits and hypercalls
+/// (from the run page), the interrupts the devices raised, and each
+/// device's counters; as text or as one line of JSON.
+fn report(format: StatsFormat, page: &RunPage, bus: &Bus<'_>) -> String {
+    let run = page.stats();
+    match format {
+        StatsFormat::Text => format!(
+            "vm: {} exits, {} hypercalls, {} device interrupts\n{}",
+            run.exits,
+            run.hypercalls,
+            bus.interrupts(),
+            bus.stats()
+        ),
+        StatsFormat::Json => {
+            let v = serde_json::json!({
+                "vm": { "exits": run.exits, "hypercalls": run.hypercalls, "device_interrupts": bus.interrupts() },
+                "devices": bus.stats_json(),
+            });
+            format!("{v}\n")
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::cell::{Cell, RefCell};
     use std::collections::VecDeque;
 
     use super::*;
+    use crate::virtio::rng::Rng;
 
     /// A vCPU that replays scripted RUN results.
     struct FakeVcpu {
@@ -477,7 +558,7 @@ mod tests {
         mem.write(0x10_1000, b"world\0").expect("write");
         let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000)), Ok(notify(0x10_1000)), Ok(poweroff())]);
         let mut out = Vec::new();
-        let code = run_loop(&vcpu, &mem, None, &mut out, &|| None, &|| None).expect("run");
+        let code = run_loop(&vcpu, &mem, None, &mut out, &Hooks::none()).expect("run");
         assert_eq!(code, 0);
         assert_eq!(out, b"Hello\nworld");
         assert_eq!(vcpu.runs.get(), 3);
@@ -487,7 +568,7 @@ mod tests {
     fn eintr_without_a_stopping_signal_runs_again() {
         let mem = memory();
         let vcpu = FakeVcpu::new(vec![Err(libc::EINTR), Err(libc::EINTR), Ok(ExitData::new(abi::LGUEST_EXIT_HALT))]);
-        let code = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| None, &|| None).expect("run");
+        let code = run_loop(&vcpu, &mem, None, &mut Vec::new(), &Hooks::none()).expect("run");
         assert_eq!(code, exit::EXIT_HALT);
         assert_eq!(vcpu.runs.get(), 3);
     }
@@ -497,7 +578,9 @@ mod tests {
         let mem = memory();
         for (sig, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143), (libc::SIGHUP, 129), (libc::SIGQUIT, 131)] {
             let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000)), Err(libc::EINTR)]);
-            let got = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| Some(sig), &|| None).expect("run");
+            let got =
+                run_loop(&vcpu, &mem, None, &mut Vec::new(), &Hooks { stop_signal: &|| Some(sig), ..Hooks::none() })
+                    .expect("run");
             assert_eq!(got, code, "signal {sig}");
             assert_eq!(vcpu.runs.get(), 2);
         }
@@ -519,9 +602,13 @@ mod tests {
         let mem = memory();
         mem.write(0x10_0000, b"x\0").expect("write");
         let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000))]);
-        assert_eq!(run_loop(&vcpu, &mem, None, &mut Cut, &|| Some(libc::SIGTERM), &|| None).expect("run"), 143);
+        assert_eq!(
+            run_loop(&vcpu, &mem, None, &mut Cut, &Hooks { stop_signal: &|| Some(libc::SIGTERM), ..Hooks::none() })
+                .expect("run"),
+            143
+        );
         let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000))]);
-        assert!(run_loop(&vcpu, &mem, None, &mut Cut, &|| None, &|| None).is_err(), "without a signal it is an error");
+        assert!(run_loop(&vcpu, &mem, None, &mut Cut, &Hooks::none()).is_err(), "without a signal it is an error");
     }
 
     /// A device whose host side went away (Bus::fatal) stops the run with
@@ -535,16 +622,65 @@ mod tests {
             let was = gone.replace(true);
             was.then(|| "net0 (lgtap0): reading the tap: gone".to_string())
         };
-        let err = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| None, &fatal).expect_err("stops");
+        let err =
+            run_loop(&vcpu, &mem, None, &mut Vec::new(), &Hooks { fatal: &fatal, ..Hooks::none() }).expect_err("stops");
         assert!(format!("{err:#}").contains("net0 (lgtap0)"), "{err:#}");
         assert_eq!(vcpu.runs.get(), 1, "stopped at the next return from RUN");
+    }
+
+    /// `--stats=json`: one JSON object with the VM's counters and one
+    /// entry per device; the text form has the same figures.
+    #[test]
+    fn stats_report() {
+        struct NoIrq;
+        impl crate::virtio::bus::IrqLine for NoIrq {
+            fn raise(&self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let mem = memory();
+        let models: Vec<Box<dyn VirtioDevice>> = vec![Box::new(Rng)];
+        let bus = Bus::new(&mem, models, |_| Box::new(NoIrq)).expect("bus");
+        let page = RunPage::anonymous().expect("page");
+        let json = report(StatsFormat::Json, &page, &bus);
+        let v: serde_json::Value = serde_json::from_str(json.trim()).expect("valid JSON");
+        assert_eq!(v["vm"]["exits"], 0);
+        assert_eq!(v["vm"]["hypercalls"], 0);
+        assert_eq!(v["vm"]["device_interrupts"], 0);
+        assert_eq!(v["devices"][0]["name"], "rng");
+        assert_eq!(v["devices"][0]["queues"].as_array().map(Vec::len), Some(1));
+        assert_eq!(v["devices"][0]["queues"][0]["kicks"], 0);
+        let text = report(StatsFormat::Text, &page, &bus);
+        assert!(
+            text.starts_with("vm: 0 exits, 0 hypercalls, 0 device interrupts\n") && text.contains("rng (irq 1)"),
+            "{text}"
+        );
+    }
+
+    /// SIGUSR1's dump happens at the loop's next turn, and the run goes on.
+    #[test]
+    fn a_dump_request_is_served_and_the_run_goes_on() {
+        let mem = memory();
+        let vcpu = FakeVcpu::new(vec![Err(libc::EINTR), Ok(poweroff())]);
+        let asked = Cell::new(1);
+        let dumps = Cell::new(0);
+        let dump = || {
+            if asked.get() == 0 {
+                return false;
+            }
+            asked.set(0);
+            dumps.set(dumps.get() + 1);
+            true
+        };
+        let code = run_loop(&vcpu, &mem, None, &mut Vec::new(), &Hooks { dump: &dump, ..Hooks::none() }).expect("run");
+        assert_eq!((code, dumps.get(), vcpu.runs.get()), (0, 1, 2));
     }
 
     #[test]
     fn run_failures_are_errors() {
         let mem = memory();
         let vcpu = FakeVcpu::new(vec![Err(libc::EFAULT)]);
-        let err = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| None, &|| None).expect_err("EFAULT");
+        let err = run_loop(&vcpu, &mem, None, &mut Vec::new(), &Hooks::none()).expect_err("EFAULT");
         assert!(format!("{err:#}").starts_with("LGUEST_RUN failed: Bad address"), "{err:#}");
     }
 
@@ -554,8 +690,8 @@ mod tests {
         let mut killed = ExitData::new(abi::LGUEST_EXIT_KILLED);
         killed.message[..3].copy_from_slice(b"no\0");
         let vcpu = FakeVcpu::new(vec![Ok(killed)]);
-        assert_eq!(run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| None, &|| None).expect("run"), exit::EXIT_KILLED);
+        assert_eq!(run_loop(&vcpu, &mem, None, &mut Vec::new(), &Hooks::none()).expect("run"), exit::EXIT_KILLED);
         let vcpu = FakeVcpu::new(vec![Ok(ExitData::new(77))]);
-        assert_eq!(run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| None, &|| None).expect("run"), exit::EXIT_KILLED);
+        assert_eq!(run_loop(&vcpu, &mem, None, &mut Vec::new(), &Hooks::none()).expect("run"), exit::EXIT_KILLED);
     }
 }

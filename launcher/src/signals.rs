@@ -41,8 +41,11 @@ use crate::exit::EXIT_SIGNAL_BASE;
 /// Every signal the handler takes: the stopping ones, SIGTSTP, and SIGUSR2,
 /// with which a device thread kicks the vCPU thread out of RUN
 /// ([`kick_vcpu`]).
-const SIGNALS: [libc::c_int; 6] =
-    [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGTSTP, libc::SIGUSR2];
+const SIGNALS: [libc::c_int; 7] =
+    [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGTSTP, libc::SIGUSR2, libc::SIGUSR1];
+
+/// Set by SIGUSR1: print the statistics ([`take_dump_request`]).
+static DUMP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// The signal of [`kick_vcpu`].
 const KICK: libc::c_int = libc::SIGUSR2;
@@ -107,6 +110,18 @@ extern "C" fn on_signal(signal: libc::c_int) {
         // Only to make RUN return EINTR; kick_vcpu set immediate_exit.
         return;
     }
+    if signal == libc::SIGUSR1 {
+        // A statistics dump: RUN must come back (it returns EINTR when the
+        // signal came during it; immediate_exit catches one just before),
+        // and the run loop clears immediate_exit again after the dump.
+        DUMP.store(true, Ordering::SeqCst);
+        let byte = IMMEDIATE_EXIT.load(Ordering::SeqCst);
+        if !byte.is_null() {
+            // SAFETY: as below.
+            unsafe { AtomicU8::from_ptr(byte) }.store(1, Ordering::SeqCst);
+        }
+        return;
+    }
     if signal != libc::SIGTSTP {
         let _ = STOP_SIGNAL.compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst);
         let byte = IMMEDIATE_EXIT.load(Ordering::SeqCst);
@@ -148,6 +163,13 @@ pub fn kick_vcpu() {
         // handler that does nothing.
         unsafe { libc::pthread_kill(thread, KICK) };
     }
+}
+
+/// Whether SIGUSR1 asked for a statistics dump since the last call; the
+/// caller then clears `immediate_exit` (unless a stopping signal came,
+/// which [`stop_signal`] shows: check it after this).
+pub fn take_dump_request() -> bool {
+    DUMP.swap(false, Ordering::SeqCst)
 }
 
 /// The first stopping signal that arrived, if any.

@@ -667,6 +667,45 @@ impl<'a> Bus<'a> {
         out
     }
 
+    /// The devices' counters as JSON: one object per device, with its
+    /// queues' kicks, interrupts, chains and bytes, and its dropped and
+    /// safety-net counts.
+    pub fn stats_json(&self) -> serde_json::Value {
+        let devices: Vec<serde_json::Value> = self
+            .devices
+            .iter()
+            .map(|d| {
+                let queues: Vec<serde_json::Value> = d
+                    .stats
+                    .queues
+                    .iter()
+                    .take(d.queue_max.len())
+                    .map(|q| {
+                        serde_json::json!({
+                            "kicks": q.kicks.load(Ordering::Relaxed),
+                            "interrupts": q.irqs.load(Ordering::Relaxed),
+                            "chains": q.chains.load(Ordering::Relaxed),
+                            "bytes": q.bytes.load(Ordering::Relaxed),
+                        })
+                    })
+                    .collect();
+                serde_json::json!({
+                    "name": d.name,
+                    "irq": d.irq,
+                    "queues": queues,
+                    "dropped": d.stats.dropped.load(Ordering::Relaxed),
+                    "safety_net_interrupts": d.stats.timer_irqs.load(Ordering::Relaxed),
+                })
+            })
+            .collect();
+        serde_json::Value::Array(devices)
+    }
+
+    /// Interrupts the devices raised, in all.
+    pub fn interrupts(&self) -> u64 {
+        self.devices.iter().flat_map(|d| d.stats.queues.iter()).map(|q| q.irqs.load(Ordering::Relaxed)).sum()
+    }
+
     /// The status the device in slot `index` last acknowledged (tests).
     #[cfg(test)]
     pub fn acked_status(&self, index: usize) -> u32 {

@@ -494,6 +494,82 @@ fn sandboxed_threads() -> TestResult {
     Ok(())
 }
 
+/// `--stats=json`: at exit, one JSON object on stderr with the VM's exits,
+/// hypercalls and device interrupts (all above zero after the demo) and
+/// each device's counters (the disk served requests); and SIGUSR1 prints
+/// the counters while the guest runs, which goes on until SIGTERM.
+fn stats_json_and_sigusr1() -> TestResult {
+    let disk = Disk::new("stats", 2048, 0)?;
+    let o = run(&["--stats=json", "--disk", &disk.path()], "devices", &[])?;
+    check_eq!(o.code, 0, format!("exit status ({})", o.describe()));
+    let line = o.stderr.lines().rev().find(|l| l.starts_with('{')).unwrap_or_default();
+    let v: serde_json::Value = match serde_json::from_str(line) {
+        Ok(v) => v,
+        Err(e) => fail!("no JSON report ({e}): {}", o.describe()),
+    };
+    for key in ["exits", "hypercalls", "device_interrupts"] {
+        check!(v["vm"][key].as_u64().is_some_and(|n| n > 0), "vm.{key} in {line}");
+    }
+    let devices = v["devices"].as_array().cloned().unwrap_or_default();
+    let names: Vec<&str> = devices.iter().filter_map(|d| d["name"].as_str()).collect();
+    check_eq!(names.len(), 3, format!("devices in {line}"));
+    check!(names[0] == "console" && names[1] == "rng" && names[2].starts_with("blk0 "), "names {names:?}");
+    check!(devices[2]["queues"][0]["chains"].as_u64().is_some_and(|n| n >= 3), "disk requests in {line}");
+
+    // SIGUSR1 while a guest sleeps.
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(t::launcher())
+        .args(["run", &guest("guest-ops"), "sleep", "100000"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| t::NotPassed::Fail(format!("cannot start the launcher: {e}")))?;
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let err = child.stderr.take();
+    std::thread::spawn(move || {
+        if let Some(err) = err {
+            for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        }
+    });
+    let result = (|| -> TestResult {
+        let caught = || {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:")).map(str::trim).unwrap_or("0");
+            u64::from_str_radix(mask, 16).is_ok_and(|m| m & (1 << (libc::SIGUSR1 - 1)) != 0)
+        };
+        check!(t::wait_for(TIMEOUT, caught), "the launcher never took SIGUSR1");
+        // SAFETY: kill(2) on our own child, not yet waited for.
+        unsafe { libc::kill(pid, libc::SIGUSR1) };
+        let mut lines = Vec::new();
+        let start = std::time::Instant::now();
+        while start.elapsed() < TIMEOUT && !lines.iter().any(|l: &String| l.starts_with("vm: ")) {
+            if let Ok(l) = rx.recv_timeout(Duration::from_millis(100)) {
+                lines.push(l);
+            }
+        }
+        check!(
+            lines.iter().any(|l| l.starts_with("vm: ") && l.contains(" exits, ")),
+            "no dump after SIGUSR1: {lines:?}"
+        );
+        check!(matches!(child.try_wait(), Ok(None)), "the launcher ended after SIGUSR1");
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let st = child.wait().map_err(|e| t::NotPassed::Fail(e.to_string()))?;
+        check_eq!(st.code(), Some(143), format!("after SIGTERM ({st:?})"));
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    result
+}
+
 /// Bytes waiting in the pipe `fd` and its capacity.
 fn pipe_fill(fd: i32) -> (i32, i32) {
     let mut n: libc::c_int = 0;
@@ -577,5 +653,6 @@ fn main() -> ExitCode {
         ("raw_terminal_restored", raw_terminal_restored),
         ("seccomp_forbidden_call", seccomp_forbidden_call),
         ("sandboxed_threads", sandboxed_threads),
+        ("stats_json_and_sigusr1", stats_json_and_sigusr1),
     ])
 }
