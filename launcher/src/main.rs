@@ -121,12 +121,13 @@ enum Command {
         #[arg(long)]
         sync_kicks: bool,
         /// The seccomp filters, installed per thread type once set-up is
-        /// done (after the capabilities are dropped): on (the default: a
-        /// forbidden system call ends the launcher, status 159, naming the
-        /// thread and the call), log (allowed, and logged by the kernel),
-        /// or off.
-        #[arg(long, value_name = "off|log|on", default_value = "on")]
-        seccomp: sandbox::SeccompMode,
+        /// done (after the capabilities are dropped): on (a forbidden
+        /// system call ends the launcher, status 159, naming the thread and
+        /// the call), log (allowed, and logged by the kernel), or off.
+        /// Default: on, or off with a warning on a kernel without seccomp
+        /// filters (where on and log are errors).
+        #[arg(long, value_name = "off|log|on")]
+        seccomp: Option<sandbox::SeccompMode>,
         /// Print the counters on stderr at exit: the vCPU's exits and
         /// hypercalls, the device interrupts, and per device its kicks,
         /// interrupts, packets or requests, bytes and drops; as text (the

@@ -60,8 +60,8 @@ pub struct RunOptions {
     /// Raise an interrupt periodically from another thread: (period in
     /// milliseconds, IRQ). For testing interrupt delivery.
     pub irq_every: Option<(u64, u32)>,
-    /// The seccomp filters' mode.
-    pub seccomp: SeccompMode,
+    /// The seccomp filters' mode (`None`: on where the kernel has them).
+    pub seccomp: Option<SeccompMode>,
     /// The devices on the lguest bus.
     pub devices: DeviceOptions,
 }

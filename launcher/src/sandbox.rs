@@ -12,11 +12,14 @@
 //! ([`enter`]): the list of the system calls that thread type makes, and
 //! for the vCPU thread only lguest's own ioctls and the terminal's.
 //!
-//! `--seccomp=on` (the default): a system call outside the list raises
-//! SIGSYS, whose handler prints which thread made which call and ends the
-//! launcher with 128 + SIGSYS = 159. `--seccomp=log`: it is allowed and
-//! the kernel logs it (to find what a new code path needs). `--seccomp=off`:
-//! no filter.
+//! `--seccomp=on`: a system call outside the list raises SIGSYS, whose
+//! handler prints which thread made which call and ends the launcher with
+//! 128 + SIGSYS = 159; a kernel without seccomp filters is then an error.
+//! Without `--seccomp` it is the same, except that on a kernel without
+//! them (`CONFIG_SECCOMP_FILTER` off) the launcher says so once and runs
+//! unfiltered. `--seccomp=log`: a forbidden call is allowed and the kernel
+//! logs it (to find what a new code path needs). `--seccomp=off`: no
+//! filter.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -94,6 +97,9 @@ pub enum SandboxError {
     /// capset failed.
     #[error("cannot drop capabilities")]
     Capabilities(#[source] io::Error),
+    /// `--seccomp=on` or `log` on a kernel without seccomp filters.
+    #[error("this kernel has no seccomp filters (CONFIG_SECCOMP_FILTER); --seccomp=off runs without them")]
+    Unavailable,
     /// The SIGSYS handler could not be installed.
     #[error("cannot install the SIGSYS handler")]
     Sigaction(#[source] io::Error),
@@ -166,9 +172,29 @@ fn program(role: Role, mismatch: SeccompAction) -> Result<BpfProgram, SandboxErr
     filter.try_into().map_err(|e: seccompiler::BackendError| err(&e))
 }
 
-/// Sets the mode for the run and installs the SIGSYS handler; `run.rs`
-/// calls it before it starts any thread.
-pub fn prepare(mode: SeccompMode) -> Result<(), SandboxError> {
+/// Whether the kernel has seccomp filters (`SECCOMP_GET_ACTION_AVAIL`).
+pub fn available() -> bool {
+    let action: u32 = libc::SECCOMP_RET_TRAP;
+    // SAFETY: SECCOMP_GET_ACTION_AVAIL reads one u32 at the pointer, a live
+    // local; it changes nothing.
+    let ret = unsafe { libc::syscall(libc::SYS_seccomp, libc::SECCOMP_GET_ACTION_AVAIL, 0, &action as *const u32) };
+    ret == 0
+}
+
+/// Sets the mode for the run (`None`: `on` where the kernel has seccomp
+/// filters, else off with a warning) and installs the SIGSYS handler;
+/// `run.rs` calls it before it starts any thread.
+pub fn prepare(mode: Option<SeccompMode>) -> Result<(), SandboxError> {
+    let mode = match mode {
+        Some(SeccompMode::Off) => SeccompMode::Off,
+        Some(m) if available() => m,
+        Some(_) => return Err(SandboxError::Unavailable),
+        None if available() => SeccompMode::On,
+        None => {
+            log::warn!("this kernel has no seccomp filters (CONFIG_SECCOMP_FILTER): running without them");
+            SeccompMode::Off
+        }
+    };
     let _ = MODE.set(mode);
     if mode != SeccompMode::On {
         return Ok(());
