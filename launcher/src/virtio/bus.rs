@@ -405,7 +405,8 @@ impl<'a> Bus<'a> {
     /// [`Bus::fatal`]); any other needs a reset.
     fn device_error(&self, dev: &Device<'_>, inner: &mut Inner, e: &super::DeviceError) {
         if let super::DeviceError::Gone { what, source } = e {
-            let msg = format!("{}: {what}: {source}; the device's host side is gone, stopping", dev.name);
+            let msg =
+                format!("{}: {what}: {source}; the device's host side (its tap or file) is gone, stopping", dev.name);
             log::debug!("{msg}");
             self.fatal.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(msg);
             Self::stop_queues(inner);

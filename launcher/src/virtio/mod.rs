@@ -38,23 +38,27 @@ mod tests;
 
 pub use chain::{Chain, ChainError};
 
-/// `VIRTIO_F_RING_INDIRECT_DESC`.
-pub const VIRTIO_F_RING_INDIRECT_DESC: u64 = 1 << 28;
+use virtio_bindings::virtio_config as config;
+use virtio_bindings::virtio_ids as ids;
+use virtio_bindings::virtio_ring as ring;
+
+/// `VIRTIO_F_RING_INDIRECT_DESC` (virtio-bindings gives bit numbers).
+pub const VIRTIO_F_RING_INDIRECT_DESC: u64 = 1 << ring::VIRTIO_RING_F_INDIRECT_DESC;
 /// `VIRTIO_F_RING_EVENT_IDX`.
-pub const VIRTIO_F_RING_EVENT_IDX: u64 = 1 << 29;
+pub const VIRTIO_F_RING_EVENT_IDX: u64 = 1 << ring::VIRTIO_RING_F_EVENT_IDX;
 /// `VIRTIO_F_VERSION_1`.
-pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+pub const VIRTIO_F_VERSION_1: u64 = 1 << config::VIRTIO_F_VERSION_1;
 /// The transport features every device on the bus offers.
 pub const TRANSPORT_FEATURES: u64 = VIRTIO_F_VERSION_1 | VIRTIO_F_RING_EVENT_IDX | VIRTIO_F_RING_INDIRECT_DESC;
 
 /// virtio device ID of a network card.
-pub const VIRTIO_ID_NET: u32 = 1;
+pub const VIRTIO_ID_NET: u32 = ids::VIRTIO_ID_NET;
 /// virtio device ID of a block device.
-pub const VIRTIO_ID_BLOCK: u32 = 2;
+pub const VIRTIO_ID_BLOCK: u32 = ids::VIRTIO_ID_BLOCK;
 /// virtio device ID of a console.
-pub const VIRTIO_ID_CONSOLE: u32 = 3;
+pub const VIRTIO_ID_CONSOLE: u32 = ids::VIRTIO_ID_CONSOLE;
 /// virtio device ID of an entropy source.
-pub const VIRTIO_ID_RNG: u32 = 4;
+pub const VIRTIO_ID_RNG: u32 = ids::VIRTIO_ID_RNG;
 
 /// Why a device stopped and asks for a reset.
 #[derive(Debug, thiserror::Error)]

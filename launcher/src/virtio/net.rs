@@ -35,28 +35,31 @@ use std::time::Duration;
 use super::tap::TapControl;
 use super::{DeviceError, DeviceStats, Events, Queues, VirtioDevice, VIRTIO_F_VERSION_1, VIRTIO_ID_NET};
 
-/// Feature bits (virtio 1.2 §5.1.3).
-pub const VIRTIO_NET_F_CSUM: u64 = 1 << 0;
+use virtio_bindings::virtio_net as vn;
+
+/// Feature bits (virtio 1.2 §5.1.3), as masks of virtio-bindings' bit
+/// numbers.
+pub const VIRTIO_NET_F_CSUM: u64 = 1 << vn::VIRTIO_NET_F_CSUM;
 /// The driver takes frames with partial checksums.
-pub const VIRTIO_NET_F_GUEST_CSUM: u64 = 1 << 1;
+pub const VIRTIO_NET_F_GUEST_CSUM: u64 = 1 << vn::VIRTIO_NET_F_GUEST_CSUM;
 /// The device has a MAC address.
-pub const VIRTIO_NET_F_MAC: u64 = 1 << 5;
+pub const VIRTIO_NET_F_MAC: u64 = 1 << vn::VIRTIO_NET_F_MAC;
 /// The driver takes TSOv4 frames.
-pub const VIRTIO_NET_F_GUEST_TSO4: u64 = 1 << 7;
+pub const VIRTIO_NET_F_GUEST_TSO4: u64 = 1 << vn::VIRTIO_NET_F_GUEST_TSO4;
 /// The driver takes TSOv6 frames.
-pub const VIRTIO_NET_F_GUEST_TSO6: u64 = 1 << 8;
+pub const VIRTIO_NET_F_GUEST_TSO6: u64 = 1 << vn::VIRTIO_NET_F_GUEST_TSO6;
 /// The driver takes TSO frames with ECN.
-pub const VIRTIO_NET_F_GUEST_ECN: u64 = 1 << 9;
+pub const VIRTIO_NET_F_GUEST_ECN: u64 = 1 << vn::VIRTIO_NET_F_GUEST_ECN;
 /// The device takes TSOv4 frames.
-pub const VIRTIO_NET_F_HOST_TSO4: u64 = 1 << 11;
+pub const VIRTIO_NET_F_HOST_TSO4: u64 = 1 << vn::VIRTIO_NET_F_HOST_TSO4;
 /// The device takes TSOv6 frames.
-pub const VIRTIO_NET_F_HOST_TSO6: u64 = 1 << 12;
+pub const VIRTIO_NET_F_HOST_TSO6: u64 = 1 << vn::VIRTIO_NET_F_HOST_TSO6;
 /// The device takes TSO frames with ECN.
-pub const VIRTIO_NET_F_HOST_ECN: u64 = 1 << 13;
+pub const VIRTIO_NET_F_HOST_ECN: u64 = 1 << vn::VIRTIO_NET_F_HOST_ECN;
 /// Mergeable receive buffers (not offered).
-pub const VIRTIO_NET_F_MRG_RXBUF: u64 = 1 << 15;
+pub const VIRTIO_NET_F_MRG_RXBUF: u64 = 1 << vn::VIRTIO_NET_F_MRG_RXBUF;
 /// The configuration has a link status.
-pub const VIRTIO_NET_F_STATUS: u64 = 1 << 16;
+pub const VIRTIO_NET_F_STATUS: u64 = 1 << vn::VIRTIO_NET_F_STATUS;
 
 /// The features the device offers.
 pub const NET_FEATURES: u64 = VIRTIO_NET_F_CSUM
@@ -70,11 +73,11 @@ pub const NET_FEATURES: u64 = VIRTIO_NET_F_CSUM
     | VIRTIO_NET_F_HOST_ECN
     | VIRTIO_NET_F_STATUS;
 
-/// `TUN_F_*` offload flags.
-const TUN_F_CSUM: u32 = 0x01;
-const TUN_F_TSO4: u32 = 0x02;
-const TUN_F_TSO6: u32 = 0x04;
-const TUN_F_TSO_ECN: u32 = 0x08;
+// `TUN_F_*` offload flags, from libc.
+const TUN_F_CSUM: u32 = libc::TUN_F_CSUM;
+const TUN_F_TSO4: u32 = libc::TUN_F_TSO4;
+const TUN_F_TSO6: u32 = libc::TUN_F_TSO6;
+const TUN_F_TSO_ECN: u32 = libc::TUN_F_TSO_ECN;
 
 /// How long a batch's unsignalled used buffers may wait for an interrupt.
 pub const SAFETY_NET: Duration = Duration::from_millis(1);

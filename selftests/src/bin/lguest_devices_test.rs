@@ -355,7 +355,35 @@ fn console_and_serial_files() -> TestResult {
 fn pty() -> Result<(std::fs::File, std::fs::File), t::NotPassed> {
     use std::os::fd::FromRawFd;
     // SAFETY: posix_openpt takes flags and returns a new descriptor.
-    let fd = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY) };
+    let mut fd = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY) };
+    if fd < 0 && t::errno() == libc::ENOENT {
+        // The QEMU host's /init mounts no devpts: mount one, as a login
+        // system would have.
+        let _ = std::fs::create_dir_all("/dev/pts");
+        // SAFETY: mount(2) with NUL-terminated literals and no data.
+        let ret = unsafe {
+            libc::mount(
+                c"devpts".as_ptr(),
+                c"/dev/pts".as_ptr(),
+                c"devpts".as_ptr(),
+                0,
+                c"ptmxmode=0666".as_ptr().cast(),
+            )
+        };
+        if ret != 0 {
+            t::skip!("no devpts, and mounting one failed: {}", t::errname(t::errno()));
+        }
+        // SAFETY: as above.
+        fd = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY) };
+        if fd < 0 {
+            // /dev/ptmx may be the old node; the new instance has its own.
+            let p = std::fs::OpenOptions::new().read(true).write(true).open("/dev/pts/ptmx");
+            match p {
+                Ok(f) => fd = std::os::fd::IntoRawFd::into_raw_fd(f),
+                Err(e) => fail!("posix_openpt after mounting devpts: {e}"),
+            }
+        }
+    }
     check!(fd >= 0, "posix_openpt: {}", t::errname(t::errno()));
     // SAFETY: a new descriptor nothing else owns.
     let master = unsafe { std::fs::File::from_raw_fd(fd) };

@@ -150,8 +150,13 @@ fn tap_deleted_under_traffic() -> TestResult {
     let addr = format!("{HOST}:{PORT}");
     let s = sink(&[&addr, "--timeout", "60"])?;
     std::thread::sleep(Duration::from_millis(300));
-    let g = guest_run(&[], "", &[&format!("peer={addr}"), "send=1073741824", "timeout=60"])?;
-    std::thread::sleep(Duration::from_secs(3));
+    let mut g = guest_run(&[], "", &[&format!("peer={addr}"), "send=1073741824", "timeout=60"])?;
+    // Under traffic: the host has taken a megabyte from the guest.
+    let rx = format!("/sys/class/net/{TAP}/statistics/rx_bytes");
+    let flowing =
+        || std::fs::read_to_string(&rx).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0) > 1 << 20;
+    let started = t::wait_for(Duration::from_secs(120), || flowing() || !g.running());
+    check!(started && g.running(), "no traffic before the tap was to go");
     t::ip(&["link", "del", TAP])?;
     let g = g.wait(Duration::from_secs(90))?;
     let _ = s.wait(Duration::from_secs(90));
@@ -160,8 +165,8 @@ fn tap_deleted_under_traffic() -> TestResult {
     check!(!g.stderr.contains("panicked"), "the launcher panicked: {}", g.describe());
     let want = format!("net0 ({TAP})");
     check!(
-        g.stderr.lines().any(|l| l.starts_with("lguest: ") && l.contains(&want) && l.contains("the tap")),
-        "no launcher error naming {want} and the tap: {}",
+        g.stderr.lines().any(|l| l.starts_with("lguest: ") && l.contains(&want) && l.contains("host side (its tap")),
+        "no launcher error naming {want} and its tap: {}",
         g.describe()
     );
     let hello = Proc::launcher(&strings(&["run", &guest("hello")]), None)?.wait(Duration::from_secs(60))?;
