@@ -259,14 +259,8 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
     // Everything is open and the VM exists: no capability is needed any
     // more. The threads started from here inherit the empty sets.
     sandbox::drop_capabilities()?;
-    let _watchdog = signals::Watchdog::start(
-        signals::GRACE,
-        signals::WatchdogHooks {
-            on_exit: crate::virtio::term::restore_now,
-            suspend: crate::virtio::term::suspend,
-            resume: crate::virtio::term::resume,
-        },
-    )?;
+    let _watchdog =
+        signals::Watchdog::start(signals::GRACE, signals::WatchdogHooks { on_exit: crate::virtio::term::restore_now })?;
     let guard = signals::install(&page)?;
     let term = if opts.devices.console == ConsoleMode::Tty {
         match RawTerminal::enter() {

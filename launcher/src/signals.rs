@@ -21,8 +21,9 @@
 //! there after that (a device thread stuck in a host write, say), or a
 //! second stopping signal comes, it restores the terminal and leaves with
 //! `_exit(128 + N)`. So SIGINT and SIGTERM end the launcher within a second
-//! whatever the guest does. For SIGTSTP it puts the terminal back, stops
-//! the process (SIGSTOP), and re-enters raw mode when continued.
+//! whatever the guest does. SIGTSTP's handler itself puts the terminal
+//! back, stops the process (SIGSTOP), and re-enters raw mode when it is
+//! continued (`term::stop_from_signal`, async-signal-safe calls only).
 //!
 //! The handler reaches the run page through a global pointer, which
 //! [`install`] sets and the returned [`SignalGuard`] clears when dropped; the
@@ -135,6 +136,11 @@ extern "C" fn on_signal(signal: libc::c_int) {
             unsafe { AtomicU8::from_ptr(byte) }.store(1, Ordering::SeqCst);
         }
     }
+    if signal == libc::SIGTSTP {
+        // Ctrl-Z: the terminal goes back to cooked for the stop, raw after.
+        crate::virtio::term::stop_from_signal();
+        return;
+    }
     let fd = WATCHDOG_FD.load(Ordering::SeqCst);
     if fd >= 0 {
         // CAST: signal numbers fit a byte.
@@ -211,16 +217,12 @@ pub fn unblock() {
     sigmask(libc::SIG_UNBLOCK);
 }
 
-/// What the watchdog does around its work: restore the terminal before
-/// leaving, and around a Ctrl-Z stop.
+/// What the watchdog does before it ends the process: restore the
+/// terminal.
 #[derive(Clone, Copy, Debug)]
 pub struct WatchdogHooks {
     /// Just before the process ends.
     pub on_exit: fn(),
-    /// Before a SIGTSTP stop.
-    pub suspend: fn(),
-    /// After the process was continued.
-    pub resume: fn(),
 }
 
 /// The watchdog thread (see the module's documentation). It lives until
@@ -270,12 +272,7 @@ fn watch(rd: libc::c_int, grace: Duration, hooks: WatchdogHooks) {
             continue;
         }
         let sig = libc::c_int::from(b);
-        if sig == libc::SIGTSTP {
-            (hooks.suspend)();
-            // SAFETY: stops this process; no memory is involved.
-            unsafe { libc::kill(libc::getpid(), libc::SIGSTOP) };
-            (hooks.resume)();
-        } else if deadline.is_some() {
+        if deadline.is_some() {
             leave(sig, "a second stopping signal", hooks.on_exit);
         } else {
             deadline = Some(Instant::now() + grace);

@@ -18,6 +18,12 @@ use std::sync::Mutex;
 /// lives.
 static SAVED: Mutex<Option<(libc::c_int, libc::termios, libc::termios)>> = Mutex::new(None);
 
+/// The same three, for the SIGTSTP handler, which can take no lock: set
+/// (a leaked box, for the rest of the process) when raw mode is entered,
+/// null once the terminal is restored.
+static FOR_SIGNALS: std::sync::atomic::AtomicPtr<(libc::c_int, libc::termios, libc::termios)> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
 /// Raw mode on stdin while this lives.
 #[derive(Debug)]
 pub struct RawTerminal(());
@@ -42,25 +48,41 @@ fn tcsetattr(fd: libc::c_int, t: &libc::termios) -> io::Result<()> {
 
 /// Puts the saved settings back, if any (idempotent).
 pub fn restore_now() {
+    FOR_SIGNALS.store(std::ptr::null_mut(), std::sync::atomic::Ordering::SeqCst);
     let saved = SAVED.lock().map(|mut s| s.take()).unwrap_or(None);
     if let Some((fd, t, _)) = saved {
         let _ = tcsetattr(fd, &t);
     }
 }
 
-/// Puts the saved settings back for a stop (Ctrl-Z), keeping them for
-/// [`resume`].
-pub fn suspend() {
-    let saved = SAVED.lock().map(|s| *s).unwrap_or(None);
-    if let Some((fd, t, _)) = saved {
-        let _ = tcsetattr(fd, &t);
+/// Ctrl-Z, from the SIGTSTP handler: puts the saved settings back, stops
+/// the process (SIGSTOP), and once it is continued makes the terminal raw
+/// again. Only async-signal-safe calls (tcsetattr, kill) and atomics.
+pub fn stop_from_signal() {
+    cook_for_stop();
+    // SAFETY: stops this process; no memory is involved.
+    unsafe { libc::kill(libc::getpid(), libc::SIGSTOP) };
+    raw_after_stop();
+}
+
+/// The terminal's saved settings back, for a stop; async-signal-safe.
+fn cook_for_stop() {
+    let p = FOR_SIGNALS.load(std::sync::atomic::Ordering::SeqCst);
+    if !p.is_null() {
+        // SAFETY: a non-null FOR_SIGNALS points to a leaked box that is never
+        // freed, written before the pointer was published.
+        let (fd, old, _) = unsafe { *p };
+        let _ = tcsetattr(fd, &old);
     }
 }
 
-/// Raw mode again after [`suspend`] (the process was continued).
-pub fn resume() {
-    let saved = SAVED.lock().map(|s| *s).unwrap_or(None);
-    if let Some((fd, _, raw)) = saved {
+/// Raw mode again after a stop, unless the terminal was restored for good
+/// meanwhile; async-signal-safe.
+fn raw_after_stop() {
+    let p = FOR_SIGNALS.load(std::sync::atomic::Ordering::SeqCst);
+    if !p.is_null() {
+        // SAFETY: as in cook_for_stop.
+        let (fd, _, raw) = unsafe { *p };
         let _ = tcsetattr(fd, &raw);
     }
 }
@@ -85,6 +107,7 @@ impl RawTerminal {
         raw.c_cc[libc::VMIN] = 1;
         raw.c_cc[libc::VTIME] = 0;
         *SAVED.lock().map_err(|_| io::Error::other("terminal state lock poisoned"))? = Some((fd, old, raw));
+        FOR_SIGNALS.store(Box::into_raw(Box::new((fd, old, raw))), std::sync::atomic::Ordering::SeqCst);
         let hook = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             restore_now();
@@ -122,15 +145,17 @@ mod tests {
         assert!(canonical(fd), "a new pty is cooked");
         let guard = RawTerminal::enter_fd(fd).expect("enter").expect("a terminal");
         assert!(!canonical(fd), "raw");
-        suspend();
+        cook_for_stop();
         assert!(canonical(fd), "cooked while stopped");
-        resume();
+        raw_after_stop();
         assert!(!canonical(fd), "raw again after SIGCONT");
         drop(guard);
         assert!(canonical(fd), "restored by the guard");
         let _guard = RawTerminal::enter_fd(fd).expect("enter").expect("a terminal");
         restore_now();
         assert!(canonical(fd), "restored by restore_now");
+        raw_after_stop();
+        assert!(canonical(fd), "a stop after the restore leaves it cooked");
         drop(master);
     }
 }

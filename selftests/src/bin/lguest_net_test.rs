@@ -151,10 +151,15 @@ fn tap_deleted_under_traffic() -> TestResult {
     let s = sink(&[&addr, "--timeout", "60"])?;
     std::thread::sleep(Duration::from_millis(300));
     let mut g = guest_run(&[], "", &[&format!("peer={addr}"), "send=1073741824", "timeout=60"])?;
-    // Under traffic: the host has taken a megabyte from the guest.
-    let rx = format!("/sys/class/net/{TAP}/statistics/rx_bytes");
-    let flowing =
-        || std::fs::read_to_string(&rx).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0) > 1 << 20;
+    // Under traffic: a megabyte has gone through the tap (from /proc/net/dev,
+    // which is this network namespace's; /sys/class/net is the one sysfs
+    // was mounted in).
+    let flowing = || {
+        let dev = std::fs::read_to_string("/proc/net/dev").unwrap_or_default();
+        let line = dev.lines().find_map(|l| l.trim_start().strip_prefix(&format!("{TAP}:"))).unwrap_or("");
+        let n: Vec<u64> = line.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+        n.first().copied().unwrap_or(0) + n.get(8).copied().unwrap_or(0) > 1 << 20
+    };
     let started = t::wait_for(Duration::from_secs(120), || flowing() || !g.running());
     check!(started && g.running(), "no traffic before the tap was to go");
     t::ip(&["link", "del", TAP])?;

@@ -364,13 +364,39 @@ fn sleeping_guest_idle() -> TestResult {
     let pid = child.id() as i32;
     std::thread::sleep(Duration::from_millis(300));
     let (t0, _) = proc_stat(pid);
+    let threads0 = thread_ticks(pid);
     std::thread::sleep(Duration::from_millis(1000));
     let (t1, _) = proc_stat(pid);
+    let threads1 = thread_ticks(pid);
     let o = wait(child, Duration::from_secs(30))?;
     check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
-    println!("# sleeping guest: {} ticks of CPU in 1 s", t1 - t0);
-    check!(t1 - t0 <= 5, "the sleeping guest used {} ticks (over 5% of a CPU)", t1 - t0);
+    // Which thread used them, for a failure.
+    let per: Vec<String> = threads1
+        .iter()
+        .map(|(tid, name, t)| {
+            let before = threads0.iter().find(|(id, _, _)| id == tid).map_or(0, |(_, _, t)| *t);
+            format!("{name}/{tid}: {}", t - before)
+        })
+        .collect();
+    println!("# sleeping guest: {} ticks of CPU in 1 s ({})", t1 - t0, per.join(", "));
+    check!(t1 - t0 <= 5, "the sleeping guest used {} ticks (over 5% of a CPU): {}", t1 - t0, per.join(", "));
     Ok(())
+}
+
+/// (tid, name, utime + stime) of each thread of `pid`.
+fn thread_ticks(pid: i32) -> Vec<(String, String, u64)> {
+    let mut v = Vec::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return v };
+    for e in dir.flatten() {
+        let tid = e.file_name().to_string_lossy().into_owned();
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let name = stat.split_once('(').and_then(|(_, r)| r.rsplit_once(')')).map_or("?", |(n, _)| n).to_string();
+        let f: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+        let ticks = f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+            + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        v.push((tid, name, ticks));
+    }
+    v
 }
 
 /// Pins `pid` (0: the caller) to `cpu`.
