@@ -7,10 +7,10 @@
 //! a message for stderr. It makes no ioctl, so every exit can be tested with
 //! fabricated data.
 //!
-//! Exit statuses: 0 power-off or restart request, 1 guest crash (or an
-//! unknown shutdown reason), 2 killed by the host or an exit reason this
-//! launcher does not know, 3 halted with nothing to wake it. (`main` adds 1
-//! for launcher errors and 130 for SIGINT/SIGTERM.)
+//! Exit statuses (the whole table is [`EXIT_TABLE`], shown by `--help`):
+//! guest outcomes have their own range, 0 and 10-12, so that a supervisor
+//! can tell them from a launcher error (1), a usage error (2) and a fatal
+//! signal (128 + N).
 
 use std::io::{self, Write};
 
@@ -25,12 +25,30 @@ pub const CONSOLE_MAX: usize = 4096;
 
 /// Exit status: the guest powered off, or asked to restart.
 pub const EXIT_OK: u8 = 0;
+/// Exit status: the launcher itself failed (set-up, a device, an ioctl).
+pub const EXIT_LAUNCHER: u8 = 1;
+/// Exit status: the command line was wrong (clap's own code).
+pub const EXIT_USAGE: u8 = 2;
 /// Exit status: the guest crashed (or shut down for an unknown reason).
-pub const EXIT_CRASH: u8 = 1;
+pub const EXIT_CRASH: u8 = 10;
 /// Exit status: the host killed the guest, or the exit was not understood.
-pub const EXIT_KILLED: u8 = 2;
+pub const EXIT_KILLED: u8 = 11;
 /// Exit status: the guest halted with nothing to wake it.
-pub const EXIT_HALT: u8 = 3;
+pub const EXIT_HALT: u8 = 12;
+/// Exit status base for a fatal signal N: 128 + N, as shells report it.
+pub const EXIT_SIGNAL_BASE: u8 = 128;
+
+/// The exit statuses of `lguest run`, for `--help` and the documentation.
+pub const EXIT_TABLE: &str = "\
+Exit status:
+    0        the guest powered off (or asked to restart, which is not supported)
+    1        the launcher failed (a missing disk, a tap it cannot open, an ioctl error)
+    2        usage error: the command line is wrong
+    10       the guest crashed (it reported a panic, or shut down for an unknown reason)
+    11       the host killed the guest (a fault it had no handler for, a bad hypercall)
+    12       the guest halted with interrupts off and nothing to wake it
+    128+N    the launcher ended on fatal signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP,
+             131 SIGQUIT, 159 SIGSYS from the seccomp filter)";
 
 /// What to do after an exit.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -228,32 +246,49 @@ mod tests {
     fn crash() {
         let exit = with_message(abi::LGUEST_EXIT_SHUTDOWN, abi::LGUEST_SHUTDOWN_CRASH, b"panicked at main.rs:3\0xx");
         let expected = "lguest: guest crashed: panicked at main.rs:3";
-        assert_eq!(run(&exit, &memory()).0, Action::Exit { code: 1, message: Some(expected.into()) });
+        assert_eq!(run(&exit, &memory()).0, Action::Exit { code: EXIT_CRASH, message: Some(expected.into()) });
         let exit = with_message(abi::LGUEST_EXIT_SHUTDOWN, 99, b"what\0");
         let (action, _) = run(&exit, &memory());
-        assert!(matches!(action, Action::Exit { code: 1, message: Some(m) } if m.contains("unknown reason 99")));
+        assert!(
+            matches!(action, Action::Exit { code: EXIT_CRASH, message: Some(m) } if m.contains("unknown reason 99"))
+        );
     }
 
     #[test]
     fn killed() {
         let exit = with_message(abi::LGUEST_EXIT_KILLED, 0, b"bad hypercall 99\0");
         let expected = "lguest: guest killed by the host: bad hypercall 99";
-        assert_eq!(run(&exit, &memory()).0, Action::Exit { code: 2, message: Some(expected.into()) });
+        assert_eq!(run(&exit, &memory()).0, Action::Exit { code: EXIT_KILLED, message: Some(expected.into()) });
     }
 
     #[test]
     fn halt() {
         let expected = "lguest: guest halted with nothing to wake it";
         let exit = ExitData::new(abi::LGUEST_EXIT_HALT);
-        assert_eq!(run(&exit, &memory()).0, Action::Exit { code: 3, message: Some(expected.into()) });
+        assert_eq!(run(&exit, &memory()).0, Action::Exit { code: EXIT_HALT, message: Some(expected.into()) });
     }
 
     #[test]
     fn unknown_exit_reason() {
         for reason in [0, 5, u32::MAX] {
             let (action, _) = run(&ExitData::new(reason), &memory());
-            assert!(matches!(action, Action::Exit { code: 2, message: Some(m) } if m.contains("unknown exit reason")));
+            assert!(
+                matches!(action, Action::Exit { code: EXIT_KILLED, message: Some(m) } if m.contains("unknown exit reason"))
+            );
         }
+    }
+
+    /// Every outcome has its own status, none is a launcher or usage error
+    /// or in the signal range, and the table in `--help` names each.
+    #[test]
+    fn exit_statuses_are_distinct_and_documented() {
+        let codes = [EXIT_OK, EXIT_LAUNCHER, EXIT_USAGE, EXIT_CRASH, EXIT_KILLED, EXIT_HALT];
+        for (i, a) in codes.iter().enumerate() {
+            assert!(codes[i + 1..].iter().all(|b| b != a), "status {a} used twice");
+            assert!(*a < EXIT_SIGNAL_BASE);
+            assert!(EXIT_TABLE.contains(&format!("\n    {a} ")), "status {a} missing from the table");
+        }
+        assert!(EXIT_TABLE.contains("143 SIGTERM") && EXIT_TABLE.contains("130 SIGINT"));
     }
 
     #[test]

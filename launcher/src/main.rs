@@ -2,10 +2,9 @@
 //! `lguest`: the launcher. It opens `/dev/lguest`, shows the module's ABI
 //! version (`lguest version`) and creates and runs guests (`lguest run`).
 //!
-//! Exit status: for `run`, the guest's outcome (0 power-off or restart
-//! request, 1 crash, 2 killed by the host or an unknown exit, 3 halted for
-//! good, 130 on SIGINT/SIGTERM; see `exit.rs`); 1 with a message on stderr
-//! when the launcher itself fails or its arguments are wrong.
+//! Exit status (`exit::EXIT_TABLE`, printed by `--help`): 0 the guest
+//! powered off, 1 the launcher failed, 2 a usage error, 10-12 the guest
+//! crashed, was killed or halted for good, 128 + N a fatal signal N.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -20,12 +19,13 @@ mod exit;
 mod loader;
 mod memory;
 mod run;
+mod sandbox;
 mod signals;
 mod virtio;
 
 /// The lguest launcher.
 #[derive(Debug, Parser)]
-#[command(name = "lguest", version, about = "Run paravirtual guests on /dev/lguest")]
+#[command(name = "lguest", version, about = "Run paravirtual guests on /dev/lguest", after_help = exit::EXIT_TABLE)]
 struct Cli {
     /// The lguest device node.
     #[arg(long, default_value = "/dev/lguest", global = true)]
@@ -49,6 +49,14 @@ fn parse_irq_every(s: &str) -> Result<(u64, u32), String> {
     Ok((ms, irq))
 }
 
+/// Parses `--serial`: a console mode other than pty.
+fn parse_serial(s: &str) -> Result<virtio::console::ConsoleMode, String> {
+    match s.parse()? {
+        virtio::console::ConsoleMode::Pty => Err("pty is for --console only".into()),
+        mode => Ok(mode),
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Show the module's ABI version and check that it matches this launcher.
@@ -57,6 +65,7 @@ enum Command {
     ///
     /// Launcher options go before GUEST; everything after it is the guest's
     /// command line.
+    #[command(after_help = exit::EXIT_TABLE)]
     Run {
         /// Guest RAM: bytes, or a number with K, M or G (binary units); at
         /// least 2M, at most 4G, a multiple of 4K.
@@ -66,21 +75,40 @@ enum Command {
         /// thread (for testing interrupt delivery).
         #[arg(long, value_name = "MS:IRQ", value_parser = parse_irq_every)]
         irq_every: Option<(u64, u32)>,
-        /// No virtio console (it is there by default, on stdin and stdout).
+        /// The virtio console: tty (the default: stdin and stdout, in raw
+        /// mode when stdin is a terminal), off, file=PATH (output appended
+        /// to PATH, no input), or pty (a new pseudo-terminal, whose name
+        /// is printed on stderr).
+        #[arg(long, value_name = "off|tty|file=PATH|pty", default_value = "tty")]
+        console: virtio::console::ConsoleMode,
+        /// The same as --console off.
         #[arg(long)]
         no_console: bool,
+        /// The hypercall console (the guest's early output, LHCALL_NOTIFY):
+        /// tty (the default: stdout), off (dropped), or file=PATH.
+        #[arg(long, value_name = "off|tty|file=PATH", default_value = "tty", value_parser = parse_serial)]
+        serial: virtio::console::ConsoleMode,
         /// No virtio entropy device (there is one by default).
         #[arg(long)]
         no_rng: bool,
-        /// A virtio block device on FILE; ",ro" makes it read-only. May be
-        /// repeated.
-        #[arg(long, value_name = "FILE[,ro]")]
+        /// A virtio block device on a file or block device. Keys:
+        /// path=FILE; readonly=on|off (default off); direct=on|off (O_DIRECT,
+        /// default off); id=NAME (the ID the guest reads, at most 20
+        /// characters); lock=on|off (default on: an exclusive lock, shared
+        /// when read-only, so that two launchers cannot write one image).
+        /// The short forms FILE and FILE,ro still work. Writeback when the
+        /// driver negotiates FLUSH, writethrough otherwise. May be repeated.
+        #[arg(long, value_name = "path=FILE[,readonly=on][,direct=on][,id=NAME][,lock=off]")]
         disk: Vec<virtio::block::DiskOptions>,
-        /// A virtio network device on TAP device NAME (created if missing);
-        /// ",nobatch" raises a receive interrupt per packet instead of per
-        /// batch; ",nooffload" offers no checksum or segmentation offload.
-        /// May be repeated.
-        #[arg(long, value_name = "tap=NAME[,nobatch][,nooffload]")]
+        /// A virtio network device. Keys: tap=NAME (the TAP device, created
+        /// if missing) or fd=N (a tap that another process opened with
+        /// IFF_TAP|IFF_NO_PI|IFF_VNET_HDR and passed down, so no
+        /// CAP_NET_ADMIN is needed); mac=XX:XX:XX:XX:XX:XX (default:
+        /// 52:54:00 and three bytes of a hash of the tap's name, stable from
+        /// run to run and different between taps); batch=on|off (one
+        /// receive interrupt per batch, default on); offload=on|off
+        /// (checksum and segmentation offload, default on). May be repeated.
+        #[arg(long, value_name = "tap=NAME|fd=N[,mac=MAC][,batch=off][,offload=off]")]
         net: Vec<virtio::net::NetOptions>,
         /// Do not bind queue kicks with LGUEST_IOEVENTFD: every kick exits to
         /// the vCPU thread (for comparison).
@@ -92,10 +120,21 @@ enum Command {
         /// for comparison.
         #[arg(long)]
         sync_kicks: bool,
-        /// Print per-device counters (packets, bytes, kicks, interrupts) on
-        /// stderr at exit.
-        #[arg(long)]
-        stats: bool,
+        /// The seccomp filters, installed per thread type once set-up is
+        /// done (after the capabilities are dropped): on (a forbidden
+        /// system call ends the launcher, status 159, naming the thread and
+        /// the call), log (allowed, and logged by the kernel), or off.
+        /// Default: on, or off with a warning on a kernel without seccomp
+        /// filters (where on and log are errors).
+        #[arg(long, value_name = "off|log|on")]
+        seccomp: Option<sandbox::SeccompMode>,
+        /// Print the counters on stderr at exit: the vCPU's exits and
+        /// hypercalls, the device interrupts, and per device its kicks,
+        /// interrupts, packets or requests, bytes and drops; as text (the
+        /// default) or --stats=json (one JSON object). SIGUSR1 prints the
+        /// same while the guest runs.
+        #[arg(long, value_name = "text|json", num_args = 0..=1, require_equals = true, default_missing_value = "text")]
+        stats: Option<run::StatsFormat>,
         /// The guest ELF image.
         #[arg(value_name = "GUEST.elf")]
         guest: PathBuf,
@@ -127,13 +166,14 @@ fn log_level(verbose: u8) -> &'static str {
 }
 
 fn main() -> ExitCode {
-    // Usage errors exit 1, not clap's 2, which means "killed by the host".
+    // Usage errors exit 2 (exit::EXIT_USAGE, clap's own), help and
+    // version 0.
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
             // Nothing useful is left to do if stderr is gone.
             let _ = e.print();
-            return if e.use_stderr() { ExitCode::FAILURE } else { ExitCode::SUCCESS };
+            return ExitCode::from(if e.use_stderr() { exit::EXIT_USAGE } else { exit::EXIT_OK });
         }
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(log_level(cli.verbose))).init();
@@ -142,12 +182,15 @@ fn main() -> ExitCode {
         Command::Run {
             memory,
             irq_every,
+            console,
             no_console,
+            serial,
             no_rng,
             disk,
             net,
             no_ioeventfd,
             sync_kicks,
+            seccomp,
             stats,
             guest,
             args,
@@ -157,8 +200,10 @@ fn main() -> ExitCode {
             guest: guest.clone(),
             args: args.clone(),
             irq_every: *irq_every,
+            seccomp: *seccomp,
             devices: run::DeviceOptions {
-                console: !no_console,
+                console: if *no_console { virtio::console::ConsoleMode::Off } else { console.clone() },
+                serial: serial.clone(),
                 rng: !no_rng,
                 disks: disk.clone(),
                 nets: net.clone(),
@@ -172,7 +217,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("lguest: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(exit::EXIT_LAUNCHER)
         }
     }
 }
@@ -228,6 +273,43 @@ mod tests {
     fn version_still_parses() {
         assert!(matches!(parse(&["version"]).expect("parse").command, Command::Version));
         assert!(parse(&["run"]).is_err(), "GUEST is required");
+    }
+
+    #[test]
+    fn help_shows_the_exit_statuses() {
+        let help = Cli::command().find_subcommand_mut("run").expect("run").render_long_help().to_string();
+        assert!(help.contains("Exit status:") && help.contains("143 SIGTERM"), "{help}");
+        let err = parse(&["run", "--bogus", "g.elf"]).expect_err("unknown option");
+        assert_eq!(err.exit_code(), i32::from(exit::EXIT_USAGE));
+    }
+
+    #[test]
+    fn stats_formats() {
+        let stats = |args: &[&str]| match parse(args).expect("parse").command {
+            Command::Run { stats, guest, .. } => (stats, guest),
+            Command::Version => panic!("not run"),
+        };
+        assert_eq!(stats(&["run", "g.elf"]), (None, PathBuf::from("g.elf")));
+        assert_eq!(stats(&["run", "--stats", "g.elf"]), (Some(run::StatsFormat::Text), PathBuf::from("g.elf")));
+        assert_eq!(stats(&["run", "--stats=json", "g.elf"]), (Some(run::StatsFormat::Json), PathBuf::from("g.elf")));
+        assert!(parse(&["run", "--stats=xml", "g.elf"]).is_err());
+    }
+
+    #[test]
+    fn console_modes() {
+        use virtio::console::ConsoleMode;
+        let cli = parse(&["run", "--console", "file=/tmp/c.log", "--serial", "off", "g.elf"]).expect("parse");
+        let Command::Run { console, serial, .. } = cli.command else { panic!("not run") };
+        assert_eq!(console, ConsoleMode::File("/tmp/c.log".into()));
+        assert_eq!(serial, ConsoleMode::Off);
+        let cli = parse(&["run", "g.elf"]).expect("parse");
+        let Command::Run { console, serial, .. } = cli.command else { panic!("not run") };
+        assert_eq!((console, serial), (ConsoleMode::Tty, ConsoleMode::Tty));
+        assert_eq!("pty".parse::<ConsoleMode>(), Ok(ConsoleMode::Pty));
+        assert!(parse(&["run", "--serial", "pty", "g.elf"]).is_err());
+        for bad in ["file=", "stdio", ""] {
+            assert!(bad.parse::<ConsoleMode>().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -32,11 +32,12 @@ use crate::dev::{DevError, ExitData, Lguest, RunPage};
 use crate::exit::{self, Action};
 use crate::loader;
 use crate::memory::{GuestMemory, Size};
+use crate::sandbox::{self, Role, SeccompMode};
 use crate::signals;
 use crate::virtio::block::{Block, DiskOptions};
 use crate::virtio::bus::{Bus, EventFdIrq, IoctlIrq, IrqLine};
-use crate::virtio::console::Console;
-use crate::virtio::net::{Net, NetOptions};
+use crate::virtio::console::{Console, ConsoleMode};
+use crate::virtio::net::{Net, NetOptions, TapSource};
 use crate::virtio::rng::Rng;
 use crate::virtio::tap::Tap;
 use crate::virtio::term::RawTerminal;
@@ -59,15 +60,40 @@ pub struct RunOptions {
     /// Raise an interrupt periodically from another thread: (period in
     /// milliseconds, IRQ). For testing interrupt delivery.
     pub irq_every: Option<(u64, u32)>,
+    /// The seccomp filters' mode (`None`: on where the kernel has them).
+    pub seccomp: Option<SeccompMode>,
     /// The devices on the lguest bus.
     pub devices: DeviceOptions,
 }
 
+/// `--stats`: how the counters are printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatsFormat {
+    /// Lines for people.
+    Text,
+    /// One JSON object per report.
+    Json,
+}
+
+impl std::str::FromStr for StatsFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "text" => Ok(Self::Text),
+            "json" => Ok(Self::Json),
+            _ => Err(format!("{s:?}: expected text or json")),
+        }
+    }
+}
+
 /// Which devices the guest gets, and how they run.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceOptions {
-    /// A virtio console on stdin and stdout.
-    pub console: bool,
+    /// The virtio console.
+    pub console: ConsoleMode,
+    /// The hypercall console (the guest's early output).
+    pub serial: ConsoleMode,
     /// A virtio entropy device.
     pub rng: bool,
     /// Block devices.
@@ -80,16 +106,41 @@ pub struct DeviceOptions {
     /// Serve kicks on the vCPU thread before the guest goes on (implies no
     /// ioeventfds): lguest's structure in 2009, for the benchmarks.
     pub sync_kicks: bool,
-    /// Print per-device counters at exit.
-    pub stats: bool,
+    /// Print the counters at exit, in this format.
+    pub stats: Option<StatsFormat>,
+}
+
+/// `path` opened for appending (created if missing).
+fn append(path: &std::path::Path) -> io::Result<File> {
+    std::fs::OpenOptions::new().create(true).append(true).open(path)
 }
 
 /// The device models `opts` asks for, in bus order.
 fn models(opts: &DeviceOptions) -> Result<Vec<Box<dyn VirtioDevice>>> {
     let mut v: Vec<Box<dyn VirtioDevice>> = Vec::new();
-    if opts.console {
-        let input = io::stdin().as_fd().try_clone_to_owned().map(File::from).context("duplicating stdin")?;
-        v.push(Box::new(Console::new(Some(input), Box::new(io::stdout()))));
+    match &opts.console {
+        ConsoleMode::Off => {}
+        ConsoleMode::Tty => {
+            let input = io::stdin().as_fd().try_clone_to_owned().map(File::from).context("duplicating stdin")?;
+            v.push(Box::new(
+                Console::with_writer_thread(Some(input), Box::new(io::stdout()))
+                    .context("starting the console's writer")?,
+            ));
+        }
+        ConsoleMode::File(path) => {
+            let out = append(path).with_context(|| format!("opening the console file {}", path.display()))?;
+            v.push(Box::new(
+                Console::with_writer_thread(None, Box::new(out)).context("starting the console's writer")?,
+            ));
+        }
+        ConsoleMode::Pty => {
+            let (master, path) = crate::virtio::console::open_pty().context("opening a pseudo-terminal")?;
+            let out = master.try_clone().context("duplicating the pty")?;
+            eprintln!("lguest: virtio console on {path}");
+            v.push(Box::new(
+                Console::with_writer_thread(Some(master), Box::new(out)).context("starting the console's writer")?,
+            ));
+        }
     }
     if opts.rng {
         v.push(Box::new(Rng));
@@ -99,9 +150,16 @@ fn models(opts: &DeviceOptions) -> Result<Vec<Box<dyn VirtioDevice>>> {
         v.push(Box::new(blk));
     }
     for (n, net) in opts.nets.iter().enumerate() {
-        let tap = Tap::open(&net.tap).with_context(|| format!("opening tap device {}", net.tap))?;
+        let (tap, name) = match &net.tap {
+            TapSource::Name(name) => {
+                (Tap::open(name).with_context(|| format!("opening tap device {name}"))?, name.clone())
+            }
+            TapSource::Fd(fd) => Tap::from_fd(*fd).with_context(|| format!("taking the tap of --net fd={fd}"))?,
+        };
         let io = tap.try_clone_file().context("duplicating the tap fd")?;
-        v.push(Box::new(Net::new(io, Box::new(tap), &net.tap, net.batch, n).with_offload(net.offload)));
+        let mac = net.mac.unwrap_or_else(|| crate::virtio::net::default_mac(&name));
+        log::info!("net{n}: tap {name}, MAC {}", crate::virtio::net::mac_text(&mac));
+        v.push(Box::new(Net::new(io, Box::new(tap), &name, net.batch, n).with_mac(mac).with_offload(net.offload)));
     }
     Ok(v)
 }
@@ -145,6 +203,14 @@ fn bind_kicks(lg: &Lguest, bus: &Bus<'_>) -> Result<bool> {
 
 /// Runs the guest and returns the launcher's exit status.
 pub fn run(opts: &RunOptions) -> Result<u8> {
+    // Every thread from here on (device models start some: the console's
+    // writer) starts with the signals blocked; only the vCPU thread
+    // unblocks them (signals.rs).
+    signals::block();
+    sandbox::prepare(opts.seccomp)?;
+    // The test hook of lguest_devices_test's seccomp test: the first device
+    // thread makes a forbidden system call.
+    let selftest = std::env::var_os("LGUEST_SECCOMP_SELFTEST").is_some();
     let mem = GuestMemory::new(opts.mem_size, DEVICE_PAGES)?;
     let image = loader::load_file(&opts.guest, &mem)?;
     for seg in &image.segments {
@@ -177,6 +243,7 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
     };
     lg.create_vm(&config)?;
     let bus = Bus::new(&mem, models, |irq| irq_line(&lg, irq)).context("setting up the lguest bus")?;
+    bus.set_vcpu_kick(Box::new(signals::kick_vcpu));
     if opts.devices.sync_kicks {
         bus.set_sync_kicks(true);
     } else if opts.devices.ioeventfd && !bus.is_empty() {
@@ -189,21 +256,46 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
 
     // A fresh page has it clear; say so rather than rely on it.
     page.set_immediate_exit(false);
+    // Everything is open and the VM exists: no capability is needed any
+    // more. The threads started from here inherit the empty sets.
+    sandbox::drop_capabilities()?;
+    let _watchdog =
+        signals::Watchdog::start(signals::GRACE, signals::WatchdogHooks { on_exit: crate::virtio::term::restore_now })?;
     let guard = signals::install(&page)?;
-    let term = if opts.devices.console { RawTerminal::enter().unwrap_or(None) } else { None };
-    let mut stdout = io::stdout();
+    let term = if opts.devices.console == ConsoleMode::Tty {
+        match RawTerminal::enter() {
+            Ok(t) => t,
+            Err(e) => {
+                log::warn!("cannot put the terminal in raw mode: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let mut stdout: Box<dyn Write> = match &opts.devices.serial {
+        ConsoleMode::Off => Box::new(io::sink()),
+        ConsoleMode::File(path) => {
+            Box::new(append(path).with_context(|| format!("opening the serial file {}", path.display()))?)
+        }
+        ConsoleMode::Tty | ConsoleMode::Pty => Box::new(StopAwareStdout),
+    };
     let stop = std::sync::atomic::AtomicBool::new(false);
     let result = std::thread::scope(|scope| {
         for index in 0..bus.len() {
             let bus = &bus;
             scope.spawn(move || {
-                signals::block_in_this_thread();
-                bus.run_device(index);
+                enter_or_exit(Role::Device);
+                if selftest && index == 0 {
+                    sandbox::forbidden_syscall();
+                }
+                bus.run_device(index)
             });
         }
         if let Some((ms, irq)) = opts.irq_every {
             let (lg, stop) = (&lg, &stop);
             scope.spawn(move || {
+                enter_or_exit(Role::Device);
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     std::thread::sleep(std::time::Duration::from_millis(ms));
                     if let Err(e) = lg.irq(irq) {
@@ -213,21 +305,42 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
                 }
             });
         }
+        signals::unblock();
+        enter_or_exit(Role::Vcpu);
         let vcpu = DevVcpu { lg: &lg, index: vcpu, page: &page };
-        let r = run_loop(&vcpu, &mem, Some(&bus), &mut stdout, &signals::interrupted);
+        let format = opts.devices.stats.unwrap_or(StatsFormat::Text);
+        let dump = || {
+            if !signals::take_dump_request() {
+                return false;
+            }
+            eprint!("{}", report(format, &page, &bus));
+            page.set_immediate_exit(false);
+            true
+        };
+        let hooks = Hooks { stop_signal: &signals::stop_signal, fatal: &|| bus.fatal(), dump: &dump };
+        let r = run_loop(&vcpu, &mem, Some(&bus), &mut *stdout, &hooks);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         bus.shutdown();
         r
     });
     drop(term);
     drop(guard);
-    if opts.devices.stats {
-        eprint!("{}", bus.stats());
+    if let Some(format) = opts.devices.stats {
+        eprint!("{}", report(format, &page, &bus));
     }
 
     let stats = page.stats();
     log::info!("vCPU {vcpu}: {} exits, {} hypercalls", stats.exits, stats.hypercalls);
     result
+}
+
+/// Installs `role`'s seccomp filter on the calling thread; a thread that
+/// cannot be confined ends the launcher (status 1).
+pub fn enter_or_exit(role: Role) {
+    if let Err(e) = sandbox::enter(role) {
+        eprintln!("lguest: {e}");
+        std::process::exit(i32::from(exit::EXIT_LAUNCHER));
+    }
 }
 
 /// What the run loop needs of a vCPU: a fake stands in for it in tests.
@@ -255,29 +368,97 @@ impl Vcpu for DevVcpu<'_> {
     }
 }
 
+/// The hypercall console's output: stdout, written directly (no buffer)
+/// so that a write blocked on a full pipe or a stopped terminal comes back
+/// with `EINTR` when a stopping signal arrives, instead of being retried.
+struct StopAwareStdout;
+
+impl Write for StopAwareStdout {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        loop {
+            // SAFETY: writes from a live slice of `buf.len()` bytes.
+            let n = unsafe { libc::write(libc::STDOUT_FILENO, buf.as_ptr().cast(), buf.len()) };
+            if n >= 0 {
+                // CAST: non-negative and at most buf.len().
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+            if signals::stop_signal().is_some() {
+                return Err(io::Error::other("interrupted by a stopping signal"));
+            }
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// What the run loop asks between exits; the defaults ([`Hooks::none`])
+/// say nothing ever happens (tests).
+struct Hooks<'h> {
+    /// The first stopping signal, if one came.
+    stop_signal: &'h dyn Fn() -> Option<libc::c_int>,
+    /// Why the launcher must stop: a device's host side is gone.
+    fatal: &'h dyn Fn() -> Option<String>,
+    /// SIGUSR1 asked for a statistics dump: print it, clear
+    /// `immediate_exit`; true if one was asked for.
+    dump: &'h dyn Fn() -> bool,
+}
+
+impl Hooks<'static> {
+    #[cfg(test)]
+    fn none() -> Self {
+        Hooks { stop_signal: &|| None, fatal: &|| None, dump: &|| false }
+    }
+}
+
 /// Runs `vcpu` until an exit stops it, RUN fails, or it returns `EINTR`
-/// while `interrupted()` says a stopping signal came. Console output goes to
-/// `out`; launcher messages to stderr.
+/// while `stop_signal()` says a stopping signal N came (the status is then
+/// 128 + N), or `fatal()` says a device's host side is gone (an error).
+/// Console output goes to `out`; launcher messages to stderr.
 fn run_loop(
     vcpu: &dyn Vcpu,
     mem: &GuestMemory,
     bus: Option<&Bus<'_>>,
     out: &mut dyn Write,
-    interrupted: &dyn Fn() -> bool,
+    hooks: &Hooks<'_>,
 ) -> Result<u8> {
+    let stopped = |sig: libc::c_int| {
+        eprintln!("lguest: interrupted by {}", signals::name(sig));
+        Ok(signals::exit_status(sig))
+    };
     loop {
+        if let Some(why) = (hooks.fatal)() {
+            bail!("{why}");
+        }
+        // After a dump, a stopping signal may have come too: look.
+        if (hooks.dump)() {
+            if let Some(sig) = (hooks.stop_signal)() {
+                return stopped(sig);
+            }
+        }
         if let Err(e) = vcpu.run() {
             if e.raw_os_error() == Some(libc::EINTR) {
-                if interrupted() {
-                    eprintln!("lguest: interrupted");
-                    return Ok(signals::EXIT_INTERRUPTED);
+                if let Some(sig) = (hooks.stop_signal)() {
+                    return stopped(sig);
                 }
-                // Some other signal: run again.
+                // Some other signal (a dump, a kick): run again.
                 continue;
             }
             return Err(DevError::Ioctl { what: "LGUEST_RUN", source: e }.into());
         }
-        let action = exit::handle_exit(&vcpu.exit(), mem, bus, out).context("handling a guest exit")?;
+        let action = match exit::handle_exit(&vcpu.exit(), mem, bus, out) {
+            Ok(action) => action,
+            // A console write that a signal cut short.
+            Err(_) if (hooks.stop_signal)().is_some() => {
+                return stopped((hooks.stop_signal)().unwrap_or(libc::SIGTERM))
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context("handling a guest exit")),
+        };
         match action {
             Action::Continue => {}
             Action::Exit { code, message } => {
@@ -290,12 +471,36 @@ fn run_loop(
     }
 }
 
+/// The `--stats` report of the whole VM: the vCPU's exits and hypercalls
+/// (from the run page), the interrupts the devices raised, and each
+/// device's counters; as text or as one line of JSON.
+fn report(format: StatsFormat, page: &RunPage, bus: &Bus<'_>) -> String {
+    let run = page.stats();
+    match format {
+        StatsFormat::Text => format!(
+            "vm: {} exits, {} hypercalls, {} device interrupts\n{}",
+            run.exits,
+            run.hypercalls,
+            bus.interrupts(),
+            bus.stats()
+        ),
+        StatsFormat::Json => {
+            let v = serde_json::json!({
+                "vm": { "exits": run.exits, "hypercalls": run.hypercalls, "device_interrupts": bus.interrupts() },
+                "devices": bus.stats_json(),
+            });
+            format!("{v}\n")
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::cell::{Cell, RefCell};
     use std::collections::VecDeque;
 
     use super::*;
+    use crate::virtio::rng::Rng;
 
     /// A vCPU that replays scripted RUN results.
     struct FakeVcpu {
@@ -347,7 +552,7 @@ mod tests {
         mem.write(0x10_1000, b"world\0").expect("write");
         let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000)), Ok(notify(0x10_1000)), Ok(poweroff())]);
         let mut out = Vec::new();
-        let code = run_loop(&vcpu, &mem, None, &mut out, &|| false).expect("run");
+        let code = run_loop(&vcpu, &mem, None, &mut out, &Hooks::none()).expect("run");
         assert_eq!(code, 0);
         assert_eq!(out, b"Hello\nworld");
         assert_eq!(vcpu.runs.get(), 3);
@@ -357,25 +562,119 @@ mod tests {
     fn eintr_without_a_stopping_signal_runs_again() {
         let mem = memory();
         let vcpu = FakeVcpu::new(vec![Err(libc::EINTR), Err(libc::EINTR), Ok(ExitData::new(abi::LGUEST_EXIT_HALT))]);
-        let code = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| false).expect("run");
+        let code = run_loop(&vcpu, &mem, None, &mut Vec::new(), &Hooks::none()).expect("run");
         assert_eq!(code, exit::EXIT_HALT);
         assert_eq!(vcpu.runs.get(), 3);
     }
 
     #[test]
-    fn eintr_after_sigint_stops_with_130() {
+    fn eintr_after_a_stopping_signal_stops_with_128_plus_n() {
+        let mem = memory();
+        for (sig, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143), (libc::SIGHUP, 129), (libc::SIGQUIT, 131)] {
+            let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000)), Err(libc::EINTR)]);
+            let got =
+                run_loop(&vcpu, &mem, None, &mut Vec::new(), &Hooks { stop_signal: &|| Some(sig), ..Hooks::none() })
+                    .expect("run");
+            assert_eq!(got, code, "signal {sig}");
+            assert_eq!(vcpu.runs.get(), 2);
+        }
+    }
+
+    /// A console write cut short by a stopping signal ends the run with
+    /// the signal's status, not as a launcher error.
+    #[test]
+    fn console_write_cut_by_a_signal_is_the_signal() {
+        struct Cut;
+        impl Write for Cut {
+            fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+                Err(io::Error::other("interrupted by a stopping signal"))
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let mem = memory();
+        mem.write(0x10_0000, b"x\0").expect("write");
+        let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000))]);
+        assert_eq!(
+            run_loop(&vcpu, &mem, None, &mut Cut, &Hooks { stop_signal: &|| Some(libc::SIGTERM), ..Hooks::none() })
+                .expect("run"),
+            143
+        );
+        let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000))]);
+        assert!(run_loop(&vcpu, &mem, None, &mut Cut, &Hooks::none()).is_err(), "without a signal it is an error");
+    }
+
+    /// A device whose host side went away (Bus::fatal) stops the run with
+    /// that message as a launcher error, at the next return from RUN.
+    #[test]
+    fn a_gone_device_stops_the_run() {
         let mem = memory();
         let vcpu = FakeVcpu::new(vec![Ok(notify(0x10_0000)), Err(libc::EINTR)]);
-        let code = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| true).expect("run");
-        assert_eq!(code, 130);
-        assert_eq!(vcpu.runs.get(), 2);
+        let gone = std::cell::Cell::new(false);
+        let fatal = || {
+            let was = gone.replace(true);
+            was.then(|| "net0 (lgtap0): reading the tap: gone".to_string())
+        };
+        let err =
+            run_loop(&vcpu, &mem, None, &mut Vec::new(), &Hooks { fatal: &fatal, ..Hooks::none() }).expect_err("stops");
+        assert!(format!("{err:#}").contains("net0 (lgtap0)"), "{err:#}");
+        assert_eq!(vcpu.runs.get(), 1, "stopped at the next return from RUN");
+    }
+
+    /// `--stats=json`: one JSON object with the VM's counters and one
+    /// entry per device; the text form has the same figures.
+    #[test]
+    fn stats_report() {
+        struct NoIrq;
+        impl crate::virtio::bus::IrqLine for NoIrq {
+            fn raise(&self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let mem = memory();
+        let models: Vec<Box<dyn VirtioDevice>> = vec![Box::new(Rng)];
+        let bus = Bus::new(&mem, models, |_| Box::new(NoIrq)).expect("bus");
+        let page = RunPage::anonymous().expect("page");
+        let json = report(StatsFormat::Json, &page, &bus);
+        let v: serde_json::Value = serde_json::from_str(json.trim()).expect("valid JSON");
+        assert_eq!(v["vm"]["exits"], 0);
+        assert_eq!(v["vm"]["hypercalls"], 0);
+        assert_eq!(v["vm"]["device_interrupts"], 0);
+        assert_eq!(v["devices"][0]["name"], "rng");
+        assert_eq!(v["devices"][0]["queues"].as_array().map(Vec::len), Some(1));
+        assert_eq!(v["devices"][0]["queues"][0]["kicks"], 0);
+        let text = report(StatsFormat::Text, &page, &bus);
+        assert!(
+            text.starts_with("vm: 0 exits, 0 hypercalls, 0 device interrupts\n") && text.contains("rng (irq 1)"),
+            "{text}"
+        );
+    }
+
+    /// SIGUSR1's dump happens at the loop's next turn, and the run goes on.
+    #[test]
+    fn a_dump_request_is_served_and_the_run_goes_on() {
+        let mem = memory();
+        let vcpu = FakeVcpu::new(vec![Err(libc::EINTR), Ok(poweroff())]);
+        let asked = Cell::new(1);
+        let dumps = Cell::new(0);
+        let dump = || {
+            if asked.get() == 0 {
+                return false;
+            }
+            asked.set(0);
+            dumps.set(dumps.get() + 1);
+            true
+        };
+        let code = run_loop(&vcpu, &mem, None, &mut Vec::new(), &Hooks { dump: &dump, ..Hooks::none() }).expect("run");
+        assert_eq!((code, dumps.get(), vcpu.runs.get()), (0, 1, 2));
     }
 
     #[test]
     fn run_failures_are_errors() {
         let mem = memory();
         let vcpu = FakeVcpu::new(vec![Err(libc::EFAULT)]);
-        let err = run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| false).expect_err("EFAULT");
+        let err = run_loop(&vcpu, &mem, None, &mut Vec::new(), &Hooks::none()).expect_err("EFAULT");
         assert!(format!("{err:#}").starts_with("LGUEST_RUN failed: Bad address"), "{err:#}");
     }
 
@@ -385,8 +684,8 @@ mod tests {
         let mut killed = ExitData::new(abi::LGUEST_EXIT_KILLED);
         killed.message[..3].copy_from_slice(b"no\0");
         let vcpu = FakeVcpu::new(vec![Ok(killed)]);
-        assert_eq!(run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| false).expect("run"), exit::EXIT_KILLED);
+        assert_eq!(run_loop(&vcpu, &mem, None, &mut Vec::new(), &Hooks::none()).expect("run"), exit::EXIT_KILLED);
         let vcpu = FakeVcpu::new(vec![Ok(ExitData::new(77))]);
-        assert_eq!(run_loop(&vcpu, &mem, None, &mut Vec::new(), &|| false).expect("run"), 2);
+        assert_eq!(run_loop(&vcpu, &mem, None, &mut Vec::new(), &Hooks::none()).expect("run"), exit::EXIT_KILLED);
     }
 }

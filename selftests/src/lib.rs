@@ -462,9 +462,20 @@ impl Proc {
         self.child.id() as i32
     }
 
-    /// Whether it is still running.
+    /// Whether it is still running. It is not reaped when it has ended
+    /// (`waitid` with `WNOWAIT`), so its pid stays its own and
+    /// [`Proc::signal`] cannot reach another process that reused it.
     pub fn running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        // SAFETY: siginfo_t is a plain C struct for which all-zero bytes
+        // are valid.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // CAST: Linux process IDs fit in an id_t.
+        let pid = self.pid() as libc::id_t;
+        // SAFETY: waitid writes one siginfo_t at the pointer, a live local;
+        // WNOWAIT leaves the child waitable.
+        let ret = unsafe { libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) };
+        // SAFETY: reading the pid field of the siginfo waitid filled in.
+        ret == 0 && unsafe { info.si_pid() } == 0
     }
 
     /// Waits for the end, killing it (SIGKILL) after `timeout`; a child
@@ -518,11 +529,12 @@ pub fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
 }
 
-const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
-const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
-const IFF_TAP: i16 = 0x0002;
-const IFF_NO_PI: i16 = 0x1000;
-const IFF_VNET_HDR: i16 = 0x4000;
+const TUNSETIFF: libc::Ioctl = libc::TUNSETIFF;
+const TUNSETPERSIST: libc::Ioctl = libc::TUNSETPERSIST;
+// CAST (the three below): the flags fit the ifreq's short.
+const IFF_TAP: i16 = libc::IFF_TAP as i16;
+const IFF_NO_PI: i16 = libc::IFF_NO_PI as i16;
+const IFF_VNET_HDR: i16 = libc::IFF_VNET_HDR as i16;
 
 /// `struct ifreq` as TUNSETIFF reads it: the name, then the flags.
 #[repr(C)]
@@ -537,6 +549,25 @@ pub fn ip(args: &[&str]) -> TestResult {
     let o = std::process::Command::new("ip").args(args).output().map_err(|e| NotPassed::Fail(format!("ip: {e}")))?;
     crate::check!(o.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&o.stderr));
     Ok(())
+}
+
+/// Opens (or creates) tap `tap` as the launcher would, with virtio-net
+/// headers (`IFF_TAP | IFF_NO_PI | IFF_VNET_HDR`): what a privileged
+/// helper does before it passes the descriptor to `lguest run --net fd=N`.
+pub fn open_tap(tap: &str) -> Result<File, NotPassed> {
+    let tun = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")
+        .map_err(|e| NotPassed::Fail(format!("/dev/net/tun: {e}")))?;
+    let mut req = IfReq { name: [0; 16], flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR, pad: [0; 22] };
+    crate::check!(tap.len() < 16, "tap name {tap:?} too long");
+    req.name[..tap.len()].copy_from_slice(tap.as_bytes());
+    // SAFETY: TUNSETIFF reads a `struct ifreq`, which `req` is (40 bytes).
+    if unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETIFF, &mut req as *mut IfReq) } != 0 {
+        crate::fail!("TUNSETIFF {tap}: {}", errname(errno()));
+    }
+    Ok(tun)
 }
 
 /// Moves this process into a fresh network namespace with loopback up and
@@ -555,18 +586,7 @@ pub fn private_netns(tap: &str, cidr: &str) -> TestResult {
         crate::fail!("unshare(CLONE_NEWNET): {}", errname(e));
     }
     ip(&["link", "set", "lo", "up"])?;
-    let tun = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/net/tun")
-        .map_err(|e| NotPassed::Fail(format!("/dev/net/tun: {e}")))?;
-    let mut req = IfReq { name: [0; 16], flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR, pad: [0; 22] };
-    crate::check!(tap.len() < 16, "tap name {tap:?} too long");
-    req.name[..tap.len()].copy_from_slice(tap.as_bytes());
-    // SAFETY: TUNSETIFF reads a `struct ifreq`, which `req` is (40 bytes).
-    if unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETIFF, &mut req as *mut IfReq) } != 0 {
-        crate::fail!("TUNSETIFF {tap}: {}", errname(errno()));
-    }
+    let tun = open_tap(tap)?;
     // SAFETY: TUNSETPERSIST takes an integer argument.
     if unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETPERSIST, 1 as libc::c_ulong) } != 0 {
         crate::fail!("TUNSETPERSIST {tap}: {}", errname(errno()));

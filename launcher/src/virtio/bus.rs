@@ -151,6 +151,11 @@ pub struct Bus<'a> {
     /// the guest runs again (`--sync-kicks`), instead of waking the device
     /// thread.
     sync_kicks: AtomicBool,
+    /// A device whose host side is gone for good: the message the launcher
+    /// stops with.
+    fatal: Mutex<Option<String>>,
+    /// Makes the vCPU thread come back from RUN (to see `fatal`).
+    kick_vcpu: std::sync::OnceLock<Box<dyn Fn() + Send + Sync + 'a>>,
 }
 
 /// Bytes of one descriptor as the launcher first writes it.
@@ -267,7 +272,15 @@ impl<'a> Bus<'a> {
                 stats: DeviceStats::default(),
             });
         }
-        Ok(Self { mem, bus, devices, stop: AtomicBool::new(false), sync_kicks: AtomicBool::new(false) })
+        Ok(Self {
+            mem,
+            bus,
+            devices,
+            stop: AtomicBool::new(false),
+            sync_kicks: AtomicBool::new(false),
+            fatal: Mutex::new(None),
+            kick_vcpu: std::sync::OnceLock::new(),
+        })
     }
 
     /// Devices on the bus.
@@ -376,6 +389,35 @@ impl<'a> Bus<'a> {
         }
     }
 
+    /// Sets what makes the vCPU thread come back from RUN when a device's
+    /// host side is gone (see [`Bus::fatal`]).
+    pub fn set_vcpu_kick(&self, kick: Box<dyn Fn() + Send + Sync + 'a>) {
+        let _ = self.kick_vcpu.set(kick);
+    }
+
+    /// Why the launcher must stop: a device whose host side is gone for
+    /// good (a deleted tap), with its name and the error.
+    pub fn fatal(&self) -> Option<String> {
+        self.fatal.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// A device error: [`DeviceError::Gone`] stops the launcher (through
+    /// [`Bus::fatal`]); any other needs a reset.
+    fn device_error(&self, dev: &Device<'_>, inner: &mut Inner, e: &super::DeviceError) {
+        if let super::DeviceError::Gone { what, source } = e {
+            let msg =
+                format!("{}: {what}: {source}; the device's host side (its tap or file) is gone, stopping", dev.name);
+            log::debug!("{msg}");
+            self.fatal.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(msg);
+            Self::stop_queues(inner);
+            if let Some(kick) = self.kick_vcpu.get() {
+                kick();
+            }
+            return;
+        }
+        self.fail(dev, inner, e);
+    }
+
     /// Stops a device whose driver broke the rules: DEVICE_NEEDS_RESET and
     /// a configuration interrupt.
     fn fail(&self, dev: &Device<'_>, inner: &mut Inner, why: &dyn std::fmt::Display) {
@@ -454,7 +496,7 @@ impl<'a> Bus<'a> {
                 Ok(queues) => {
                     inner.queues = queues;
                     if let Err(e) = inner.model.activate(features) {
-                        self.fail(dev, &mut inner, &e);
+                        self.device_error(dev, &mut inner, &e);
                         return;
                     }
                     inner.running = true;
@@ -535,11 +577,11 @@ impl<'a> Bus<'a> {
         let result = {
             let Inner { model, queues, .. } = &mut *inner;
             let raise = || self.raise(dev, LGUEST_ISR_QUEUE);
-            let mut qs = Queues::new(self.mem.ram(), queues, &raise, &dev.stats);
+            let mut qs = Queues::new(self.mem.ram(), queues, &raise, &dev.stats).with_stop(&self.stop);
             model.process(&mut qs, &events)
         };
         if let Err(e) = result {
-            self.fail(dev, &mut inner, &e);
+            self.device_error(dev, &mut inner, &e);
         }
     }
 
@@ -624,6 +666,45 @@ impl<'a> Bus<'a> {
             out.push_str(&inner.model.stats(&d.stats));
         }
         out
+    }
+
+    /// The devices' counters as JSON: one object per device, with its
+    /// queues' kicks, interrupts, chains and bytes, and its dropped and
+    /// safety-net counts.
+    pub fn stats_json(&self) -> serde_json::Value {
+        let devices: Vec<serde_json::Value> = self
+            .devices
+            .iter()
+            .map(|d| {
+                let queues: Vec<serde_json::Value> = d
+                    .stats
+                    .queues
+                    .iter()
+                    .take(d.queue_max.len())
+                    .map(|q| {
+                        serde_json::json!({
+                            "kicks": q.kicks.load(Ordering::Relaxed),
+                            "interrupts": q.irqs.load(Ordering::Relaxed),
+                            "chains": q.chains.load(Ordering::Relaxed),
+                            "bytes": q.bytes.load(Ordering::Relaxed),
+                        })
+                    })
+                    .collect();
+                serde_json::json!({
+                    "name": d.name,
+                    "irq": d.irq,
+                    "queues": queues,
+                    "dropped": d.stats.dropped.load(Ordering::Relaxed),
+                    "safety_net_interrupts": d.stats.timer_irqs.load(Ordering::Relaxed),
+                })
+            })
+            .collect();
+        serde_json::Value::Array(devices)
+    }
+
+    /// Interrupts the devices raised, in all.
+    pub fn interrupts(&self) -> u64 {
+        self.devices.iter().flat_map(|d| d.stats.queues.iter()).map(|q| q.irqs.load(Ordering::Relaxed)).sum()
     }
 
     /// The status the device in slot `index` last acknowledged (tests).

@@ -12,12 +12,13 @@
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
+// CAST (the three below): virtio-bindings' flags are 1, 2 and 4.
 /// `VIRTQ_DESC_F_NEXT`: the chain continues at `next`.
-pub const VIRTQ_DESC_F_NEXT: u16 = 1;
+pub const VIRTQ_DESC_F_NEXT: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_NEXT as u16;
 /// `VIRTQ_DESC_F_WRITE`: the buffer is device-writable.
-pub const VIRTQ_DESC_F_WRITE: u16 = 2;
+pub const VIRTQ_DESC_F_WRITE: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_WRITE as u16;
 /// `VIRTQ_DESC_F_INDIRECT`: the buffer is a table of descriptors.
-pub const VIRTQ_DESC_F_INDIRECT: u16 = 4;
+pub const VIRTQ_DESC_F_INDIRECT: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_INDIRECT as u16;
 
 /// The most descriptors an indirect table may hold.
 pub const MAX_INDIRECT: u32 = 1024;

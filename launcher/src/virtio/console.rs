@@ -3,15 +3,29 @@
 //! queue 0 (receiveq) carries host input to the guest, queue 1 (transmitq)
 //! the guest's output to the host.
 //!
-//! Output is written as it comes. Input is read from the host fd (stdin)
-//! only while the driver has posted receive buffers: with none, the fd is
-//! not polled until the driver kicks queue 0, so a guest that never reads
-//! its console never takes the launcher's stdin away from anyone.
+//! Input is read from the host fd (stdin) only while the driver has posted
+//! receive buffers: with none, the fd is not polled until the driver kicks
+//! queue 0, so a guest that never reads its console never takes the
+//! launcher's stdin away from anyone.
+//!
+//! Output goes either straight to a writer ([`Console::new`], for tests
+//! and files) or, for the launcher's stdout, to a bounded queue that a
+//! writer thread of its own empties ([`Console::with_writer_thread`]). The
+//! device thread then never blocks in a host write while it holds the
+//! device's lock, which the vCPU thread needs for status changes: when the
+//! queue is full (stdout is a pipe nobody reads, or a stopped terminal) the
+//! device stops taking output chains and polls the queue's "room" eventfd
+//! instead. A full queue holds the guest's output back; it never loses it.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{DeviceError, Events, Queues, VirtioDevice, VIRTIO_ID_CONSOLE};
 
@@ -23,11 +37,154 @@ const TX: usize = 1;
 const INPUT_CHUNK: usize = 4096;
 /// Bytes of output copied per step.
 const OUTPUT_CHUNK: usize = 16 * 1024;
+/// The output queue is full at this many bytes; one chain adds at most
+/// this many more (the rest of a longer chain is dropped).
+pub const QUEUE_MAX: usize = 256 * 1024;
+
+/// The output queue between the device and its writer thread.
+struct OutQueue {
+    state: Mutex<OutState>,
+    /// Signalled when bytes arrive, when the writer has written some, and
+    /// at close.
+    cond: Condvar,
+    /// Readable when the queue has room again (the device polls it while
+    /// it holds output back).
+    room: EventFd,
+}
+
+#[derive(Default)]
+struct OutState {
+    data: VecDeque<u8>,
+    /// The writer thread holds bytes it is writing.
+    writing: bool,
+    /// The device is gone: write what is left and end.
+    closed: bool,
+}
+
+impl OutQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, OutState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn full(&self) -> bool {
+        self.lock().data.len() >= QUEUE_MAX
+    }
+
+    fn push(&self, bytes: &[u8]) {
+        self.lock().data.extend(bytes);
+        self.cond.notify_all();
+    }
+
+    /// The writer thread's loop.
+    fn serve(&self, mut out: Box<dyn Write + Send>) {
+        if let Err(e) = crate::sandbox::drop_capabilities() {
+            log::warn!("console writer: {e}");
+        }
+        crate::run::enter_or_exit(crate::sandbox::Role::Helper);
+        let mut broken = false;
+        loop {
+            let chunk: Vec<u8> = {
+                let mut st = self.lock();
+                while st.data.is_empty() && !st.closed {
+                    st = self.cond.wait(st).unwrap_or_else(|e| e.into_inner());
+                }
+                if st.data.is_empty() {
+                    return;
+                }
+                let n = st.data.len().min(64 * 1024);
+                st.writing = true;
+                st.data.drain(..n).collect()
+            };
+            if !broken {
+                if let Err(e) = out.write_all(&chunk).and_then(|()| out.flush()) {
+                    log::warn!("console output: {e}; further output is dropped");
+                    broken = true;
+                }
+            }
+            let mut st = self.lock();
+            st.writing = false;
+            if st.data.len() < QUEUE_MAX / 2 {
+                let _ = self.room.write(1);
+            }
+            self.cond.notify_all();
+        }
+    }
+}
+
+/// Where output goes.
+enum Sink {
+    /// Written as it comes, by the device thread.
+    Direct(Box<dyn Write + Send>),
+    /// Queued for the writer thread.
+    Queued(Arc<OutQueue>),
+}
+
+/// Where the virtio console (`--console`) or the hypercall console
+/// (`--serial`) is connected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConsoleMode {
+    /// None (`--console off`: no virtio console; `--serial off`: the
+    /// guest's early output is dropped).
+    Off,
+    /// The launcher's stdin and stdout (raw mode when stdin is a terminal).
+    Tty,
+    /// Output appended to a file, no input.
+    File(std::path::PathBuf),
+    /// A new pseudo-terminal, whose name the launcher prints (virtio
+    /// console only).
+    Pty,
+}
+
+impl std::str::FromStr for ConsoleMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(Self::Off),
+            "tty" => Ok(Self::Tty),
+            "pty" => Ok(Self::Pty),
+            _ => match s.strip_prefix("file=") {
+                Some(p) if !p.is_empty() => Ok(Self::File(p.into())),
+                _ => Err(format!("{s:?}: expected off, tty, pty or file=PATH")),
+            },
+        }
+    }
+}
+
+/// Opens a new pseudo-terminal: its master (for the device) and the
+/// slave's path (for the user).
+pub fn open_pty() -> std::io::Result<(File, String)> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: posix_openpt takes flags only and returns a new descriptor.
+    let fd = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor that nothing else owns.
+    let master = unsafe { File::from_raw_fd(fd) };
+    let mut name = [0 as libc::c_char; 128];
+    // SAFETY: grantpt/unlockpt take the descriptor; ptsname_r writes at
+    // most `name.len()` bytes, NUL included, into the live array.
+    let ok = unsafe {
+        libc::grantpt(fd) == 0 && libc::unlockpt(fd) == 0 && libc::ptsname_r(fd, name.as_mut_ptr(), name.len()) == 0
+    };
+    if !ok {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: ptsname_r wrote a NUL-terminated string into `name`.
+    let path = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
+    Ok((master, path))
+}
 
 /// The console device.
 pub struct Console {
     input: Option<File>,
-    output: Box<dyn Write + Send>,
+    output: Sink,
+    /// The output queue was full: no output chain is taken until it has
+    /// room again.
+    tx_blocked: bool,
+    /// Bytes of one chain beyond [`QUEUE_MAX`] were dropped (reported once).
+    tx_cut: bool,
     /// No receive buffer: wait for a kick of queue 0 before reading input.
     rx_wait: bool,
     /// The input reached its end.
@@ -43,36 +200,104 @@ impl std::fmt::Debug for Console {
 }
 
 impl Console {
-    /// A console reading `input` (if any) and writing `output`.
+    /// A console reading `input` (if any) and writing `output` directly.
     pub fn new(input: Option<File>, output: Box<dyn Write + Send>) -> Self {
-        Self { input, output, rx_wait: false, eof: false, output_broken: false }
+        Self {
+            input,
+            output: Sink::Direct(output),
+            tx_blocked: false,
+            tx_cut: false,
+            rx_wait: false,
+            eof: false,
+            output_broken: false,
+        }
+    }
+
+    /// A console whose output a thread of its own writes to `output`
+    /// (stdout), so that a blocked `output` never blocks the device.
+    pub fn with_writer_thread(input: Option<File>, output: Box<dyn Write + Send>) -> std::io::Result<Self> {
+        let queue = Arc::new(OutQueue {
+            state: Mutex::new(OutState::default()),
+            cond: Condvar::new(),
+            room: EventFd::new(EFD_NONBLOCK)?,
+        });
+        let q = Arc::clone(&queue);
+        std::thread::Builder::new().name("lguest-console-out".into()).spawn(move || q.serve(output))?;
+        let mut c = Self::new(input, Box::new(std::io::sink()));
+        c.output = Sink::Queued(queue);
+        Ok(c)
+    }
+
+    /// Writes what the device took to its output; false if the queue is
+    /// full (take no more chains).
+    fn put(&mut self, bytes: &[u8]) {
+        match &mut self.output {
+            Sink::Direct(out) => {
+                if !self.output_broken {
+                    if let Err(e) = out.write_all(bytes) {
+                        log::warn!("console output: {e}; further output is dropped");
+                        self.output_broken = true;
+                    }
+                }
+            }
+            Sink::Queued(q) => q.push(bytes),
+        }
+    }
+
+    fn flush(&mut self) {
+        if let Sink::Direct(out) = &mut self.output {
+            if !self.output_broken {
+                let _ = out.flush();
+            }
+        }
+    }
+
+    fn queue_full(&self) -> bool {
+        matches!(&self.output, Sink::Queued(q) if q.full())
     }
 
     fn transmit(&mut self, qs: &mut Queues<'_>) -> Result<(), DeviceError> {
-        loop {
+        self.tx_blocked = false;
+        'ring: loop {
             qs.disable_notification(TX)?;
-            while let Some(chain) = qs.pop(TX)? {
+            loop {
+                if qs.stopping() {
+                    break 'ring;
+                }
+                if self.queue_full() {
+                    // Poll the queue's room instead; the driver's kicks
+                    // stay off meanwhile.
+                    self.tx_blocked = true;
+                    break 'ring;
+                }
+                let Some(chain) = qs.pop(TX)? else { break };
                 if !chain.writable.is_empty() {
                     return Err(DeviceError::Request { queue: TX, why: "a device-writable buffer in output".into() });
                 }
-                // In bounded pieces: a chain may be up to 4 GiB long.
+                // In bounded pieces: a chain may be up to 4 GiB long; at
+                // most QUEUE_MAX bytes of it are kept.
                 let mut reader = chain.reader();
                 let mut buf = [0u8; OUTPUT_CHUNK];
+                let mut taken = 0usize;
                 loop {
+                    if qs.stopping() {
+                        break;
+                    }
                     let n = reader.read(qs.mem(), &mut buf);
                     if n == 0 {
                         break;
                     }
-                    if !self.output_broken {
-                        if let Err(e) = self.output.write_all(&buf[..n]) {
-                            log::warn!("console output: {e}; further output is dropped");
-                            self.output_broken = true;
+                    if taken >= QUEUE_MAX {
+                        if !self.tx_cut {
+                            log::warn!("console: an output buffer over {QUEUE_MAX} bytes; the rest is dropped");
+                            self.tx_cut = true;
                         }
+                        break;
                     }
+                    taken += n;
+                    self.put(&buf[..n]);
                 }
-                if !self.output_broken {
-                    let _ = self.output.flush();
-                }
+                self.flush();
                 qs.add_used(TX, chain.head, 0)?;
                 qs.stats().queues[TX].count(chain.readable_len());
             }
@@ -161,20 +386,39 @@ impl VirtioDevice for Console {
 
     fn reset(&mut self) {
         self.rx_wait = false;
+        self.tx_blocked = false;
     }
 
+    /// Two entries at fixed places, -1 (which poll ignores) when not
+    /// wanted: the input, and the output queue's room while output is held
+    /// back.
     fn input_fds(&self) -> Vec<RawFd> {
-        match &self.input {
-            Some(f) if !self.eof && !self.rx_wait => vec![f.as_raw_fd()],
-            _ => Vec::new(),
-        }
+        let input = match &self.input {
+            Some(f) if !self.eof && !self.rx_wait => f.as_raw_fd(),
+            _ => -1,
+        };
+        let room = match &self.output {
+            Sink::Queued(q) if self.tx_blocked => q.room.as_raw_fd(),
+            _ => -1,
+        };
+        vec![input, room]
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        None
     }
 
     fn process(&mut self, qs: &mut Queues<'_>, events: &Events) -> Result<(), DeviceError> {
         if events.queue(RX) {
             self.rx_wait = false;
         }
-        if events.queue(TX) {
+        let room = events.input & 2 != 0;
+        if room {
+            if let Sink::Queued(q) = &self.output {
+                let _ = q.room.read();
+            }
+        }
+        if events.queue(TX) || (room && self.tx_blocked) {
             self.transmit(qs)?;
         }
         if events.input & 1 != 0 && !self.eof && !self.rx_wait {
@@ -189,5 +433,23 @@ impl VirtioDevice for Console {
             s.queues[TX].bytes.load(Ordering::Relaxed),
             s.queues[RX].bytes.load(Ordering::Relaxed)
         )
+    }
+}
+
+impl Drop for Console {
+    /// Lets the writer thread write what is queued and end; waits for it
+    /// unless the launcher is stopping on a signal (then the watchdog's
+    /// bound applies, and the output is not worth a hang).
+    fn drop(&mut self) {
+        let Sink::Queued(q) = &self.output else { return };
+        let mut st = q.lock();
+        st.closed = true;
+        q.cond.notify_all();
+        while (!st.data.is_empty() || st.writing) && crate::signals::stop_signal().is_none() {
+            st = match q.cond.wait_timeout(st, Duration::from_millis(50)) {
+                Ok((st, _)) => st,
+                Err(e) => e.into_inner().0,
+            };
+        }
     }
 }

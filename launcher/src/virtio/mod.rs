@@ -15,7 +15,7 @@
 
 use std::io;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
@@ -38,23 +38,27 @@ mod tests;
 
 pub use chain::{Chain, ChainError};
 
-/// `VIRTIO_F_RING_INDIRECT_DESC`.
-pub const VIRTIO_F_RING_INDIRECT_DESC: u64 = 1 << 28;
+use virtio_bindings::virtio_config as config;
+use virtio_bindings::virtio_ids as ids;
+use virtio_bindings::virtio_ring as ring;
+
+/// `VIRTIO_F_RING_INDIRECT_DESC` (virtio-bindings gives bit numbers).
+pub const VIRTIO_F_RING_INDIRECT_DESC: u64 = 1 << ring::VIRTIO_RING_F_INDIRECT_DESC;
 /// `VIRTIO_F_RING_EVENT_IDX`.
-pub const VIRTIO_F_RING_EVENT_IDX: u64 = 1 << 29;
+pub const VIRTIO_F_RING_EVENT_IDX: u64 = 1 << ring::VIRTIO_RING_F_EVENT_IDX;
 /// `VIRTIO_F_VERSION_1`.
-pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+pub const VIRTIO_F_VERSION_1: u64 = 1 << config::VIRTIO_F_VERSION_1;
 /// The transport features every device on the bus offers.
 pub const TRANSPORT_FEATURES: u64 = VIRTIO_F_VERSION_1 | VIRTIO_F_RING_EVENT_IDX | VIRTIO_F_RING_INDIRECT_DESC;
 
 /// virtio device ID of a network card.
-pub const VIRTIO_ID_NET: u32 = 1;
+pub const VIRTIO_ID_NET: u32 = ids::VIRTIO_ID_NET;
 /// virtio device ID of a block device.
-pub const VIRTIO_ID_BLOCK: u32 = 2;
+pub const VIRTIO_ID_BLOCK: u32 = ids::VIRTIO_ID_BLOCK;
 /// virtio device ID of a console.
-pub const VIRTIO_ID_CONSOLE: u32 = 3;
+pub const VIRTIO_ID_CONSOLE: u32 = ids::VIRTIO_ID_CONSOLE;
 /// virtio device ID of an entropy source.
-pub const VIRTIO_ID_RNG: u32 = 4;
+pub const VIRTIO_ID_RNG: u32 = ids::VIRTIO_ID_RNG;
 
 /// Why a device stopped and asks for a reset.
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +98,27 @@ pub enum DeviceError {
         /// The error.
         source: io::Error,
     },
+    /// The host side is gone for good (a deleted tap): no reset can help,
+    /// and the launcher stops with an error naming the device.
+    #[error("{what}")]
+    Gone {
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+impl DeviceError {
+    /// A host error: [`DeviceError::Gone`] if `source` says the host
+    /// object has gone away (`EBADFD` from a detached tap, `ENODEV`,
+    /// `ENXIO`), else [`DeviceError::Host`].
+    pub fn host(what: &'static str, source: io::Error) -> Self {
+        match source.raw_os_error() {
+            Some(libc::EBADFD | libc::ENODEV | libc::ENXIO) => Self::Gone { what, source },
+            _ => Self::Host { what, source },
+        }
+    }
 }
 
 /// Counters of one queue; atomics, so that `--stats` may read them from
@@ -190,6 +215,9 @@ pub struct Queues<'a> {
     queues: &'a mut [Option<Queue>],
     raise: &'a dyn Fn(),
     stats: &'a DeviceStats,
+    /// Set when the launcher is stopping: device loops look at it between
+    /// chains and inside long ones ([`Queues::stopping`]).
+    stop: Option<&'a AtomicBool>,
     /// Queues with chains used since their last `notify` (bit per queue).
     added: u32,
 }
@@ -203,7 +231,20 @@ impl<'a> Queues<'a> {
         raise: &'a dyn Fn(),
         stats: &'a DeviceStats,
     ) -> Self {
-        Self { mem, queues, raise, stats, added: 0 }
+        Self { mem, queues, raise, stats, stop: None, added: 0 }
+    }
+
+    /// The same, watching `stop` for [`Queues::stopping`].
+    pub fn with_stop(mut self, stop: &'a AtomicBool) -> Self {
+        self.stop = Some(stop);
+        self
+    }
+
+    /// Whether the launcher is stopping: a device model then ends its work
+    /// at the next chain (or chunk of a long chain) instead of draining
+    /// the ring, so that a stop never waits on the guest's I/O.
+    pub fn stopping(&self) -> bool {
+        self.stop.is_some_and(|s| s.load(Ordering::Relaxed))
     }
 
     /// Guest RAM.

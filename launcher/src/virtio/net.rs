@@ -1,5 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0
-//! virtio-net (device ID 1) on a TAP device: `--net tap=NAME[,nobatch]`.
+//! virtio-net (device ID 1) on a TAP device: `--net tap=NAME` (opened, or
+//! created, by the launcher) or `--net fd=N` (a tap someone else opened and
+//! passed down, so that the launcher needs no CAP_NET_ADMIN), with
+//! `mac=XX:XX:XX:XX:XX:XX` (by default one derived from the tap's name, so
+//! that guests on different taps differ and a guest keeps its MAC from run
+//! to run) and `batch=on|off`, `offload=on|off`.
 //!
 //! Queue 0 receives (host to guest), queue 1 transmits. Frames pass through
 //! with their virtio-net header untouched (12 bytes with VERSION_1: the
@@ -30,28 +35,31 @@ use std::time::Duration;
 use super::tap::TapControl;
 use super::{DeviceError, DeviceStats, Events, Queues, VirtioDevice, VIRTIO_F_VERSION_1, VIRTIO_ID_NET};
 
-/// Feature bits (virtio 1.2 §5.1.3).
-pub const VIRTIO_NET_F_CSUM: u64 = 1 << 0;
+use virtio_bindings::virtio_net as vn;
+
+/// Feature bits (virtio 1.2 §5.1.3), as masks of virtio-bindings' bit
+/// numbers.
+pub const VIRTIO_NET_F_CSUM: u64 = 1 << vn::VIRTIO_NET_F_CSUM;
 /// The driver takes frames with partial checksums.
-pub const VIRTIO_NET_F_GUEST_CSUM: u64 = 1 << 1;
+pub const VIRTIO_NET_F_GUEST_CSUM: u64 = 1 << vn::VIRTIO_NET_F_GUEST_CSUM;
 /// The device has a MAC address.
-pub const VIRTIO_NET_F_MAC: u64 = 1 << 5;
+pub const VIRTIO_NET_F_MAC: u64 = 1 << vn::VIRTIO_NET_F_MAC;
 /// The driver takes TSOv4 frames.
-pub const VIRTIO_NET_F_GUEST_TSO4: u64 = 1 << 7;
+pub const VIRTIO_NET_F_GUEST_TSO4: u64 = 1 << vn::VIRTIO_NET_F_GUEST_TSO4;
 /// The driver takes TSOv6 frames.
-pub const VIRTIO_NET_F_GUEST_TSO6: u64 = 1 << 8;
+pub const VIRTIO_NET_F_GUEST_TSO6: u64 = 1 << vn::VIRTIO_NET_F_GUEST_TSO6;
 /// The driver takes TSO frames with ECN.
-pub const VIRTIO_NET_F_GUEST_ECN: u64 = 1 << 9;
+pub const VIRTIO_NET_F_GUEST_ECN: u64 = 1 << vn::VIRTIO_NET_F_GUEST_ECN;
 /// The device takes TSOv4 frames.
-pub const VIRTIO_NET_F_HOST_TSO4: u64 = 1 << 11;
+pub const VIRTIO_NET_F_HOST_TSO4: u64 = 1 << vn::VIRTIO_NET_F_HOST_TSO4;
 /// The device takes TSOv6 frames.
-pub const VIRTIO_NET_F_HOST_TSO6: u64 = 1 << 12;
+pub const VIRTIO_NET_F_HOST_TSO6: u64 = 1 << vn::VIRTIO_NET_F_HOST_TSO6;
 /// The device takes TSO frames with ECN.
-pub const VIRTIO_NET_F_HOST_ECN: u64 = 1 << 13;
+pub const VIRTIO_NET_F_HOST_ECN: u64 = 1 << vn::VIRTIO_NET_F_HOST_ECN;
 /// Mergeable receive buffers (not offered).
-pub const VIRTIO_NET_F_MRG_RXBUF: u64 = 1 << 15;
+pub const VIRTIO_NET_F_MRG_RXBUF: u64 = 1 << vn::VIRTIO_NET_F_MRG_RXBUF;
 /// The configuration has a link status.
-pub const VIRTIO_NET_F_STATUS: u64 = 1 << 16;
+pub const VIRTIO_NET_F_STATUS: u64 = 1 << vn::VIRTIO_NET_F_STATUS;
 
 /// The features the device offers.
 pub const NET_FEATURES: u64 = VIRTIO_NET_F_CSUM
@@ -65,11 +73,11 @@ pub const NET_FEATURES: u64 = VIRTIO_NET_F_CSUM
     | VIRTIO_NET_F_HOST_ECN
     | VIRTIO_NET_F_STATUS;
 
-/// `TUN_F_*` offload flags.
-const TUN_F_CSUM: u32 = 0x01;
-const TUN_F_TSO4: u32 = 0x02;
-const TUN_F_TSO6: u32 = 0x04;
-const TUN_F_TSO_ECN: u32 = 0x08;
+// `TUN_F_*` offload flags, from libc.
+const TUN_F_CSUM: u32 = libc::TUN_F_CSUM;
+const TUN_F_TSO4: u32 = libc::TUN_F_TSO4;
+const TUN_F_TSO6: u32 = libc::TUN_F_TSO6;
+const TUN_F_TSO_ECN: u32 = libc::TUN_F_TSO_ECN;
 
 /// How long a batch's unsignalled used buffers may wait for an interrupt.
 pub const SAFETY_NET: Duration = Duration::from_millis(1);
@@ -81,37 +89,113 @@ pub const MAX_FRAME: usize = 65536 + 18 + 12;
 const RX: usize = 0;
 const TX: usize = 1;
 
+/// Where the tap comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TapSource {
+    /// Open (or create) the interface of this name.
+    Name(String),
+    /// Take over this inherited descriptor.
+    Fd(i32),
+}
+
 /// What `--net` asked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NetOptions {
     /// The TAP interface.
-    pub tap: String,
-    /// Batch receive interrupts (the default; `nobatch` turns it off).
+    pub tap: TapSource,
+    /// The guest's MAC address; by default [`default_mac`] of the tap's name.
+    pub mac: Option<[u8; 6]>,
+    /// Batch receive interrupts (the default; `batch=off` turns it off).
     pub batch: bool,
-    /// Offer checksum and segmentation offload (the default; `nooffload`
+    /// Offer checksum and segmentation offload (the default; `offload=off`
     /// offers neither, for comparison).
     pub offload: bool,
+}
+
+/// Parses `52:54:00:12:34:56`: six hex bytes, a unicast address.
+pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let mut mac = [0u8; 6];
+    let parts: Vec<&str> = s.split(':').collect();
+    if parts.len() != 6 {
+        return Err(format!("mac={s:?}: expected six hex bytes, e.g. 52:54:00:12:34:56"));
+    }
+    for (b, p) in mac.iter_mut().zip(&parts) {
+        if p.len() != 2 {
+            return Err(format!("mac={s:?}: expected six hex bytes, e.g. 52:54:00:12:34:56"));
+        }
+        *b = u8::from_str_radix(p, 16).map_err(|_| format!("mac={s:?}: {p:?} is not a hex byte"))?;
+    }
+    if mac[0] & 1 != 0 {
+        return Err(format!("mac={s}: a multicast address (the first byte is odd)"));
+    }
+    Ok(mac)
+}
+
+/// The default MAC for tap `name`: QEMU's locally administered prefix
+/// 52:54:00 and three bytes of an FNV-1a hash of the name, so that it is
+/// the same every run and differs between taps.
+pub fn default_mac(name: &str) -> [u8; 6] {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    let b = h.to_le_bytes();
+    [0x52, 0x54, 0x00, b[0], b[1], b[2]]
+}
+
+/// `aa:bb:cc:dd:ee:ff`.
+pub fn mac_text(mac: &[u8; 6]) -> String {
+    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
 
 impl std::str::FromStr for NetOptions {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
+        const USAGE: &str = "expected tap=NAME or fd=N, then [,mac=MAC][,batch=on|off][,offload=on|off]";
         let mut tap = None;
+        let mut mac = None;
         let mut batch = true;
         let mut offload = true;
         for part in s.split(',') {
-            match part.split_once('=') {
-                Some(("tap", name)) if !name.is_empty() && name.len() < libc::IFNAMSIZ => tap = Some(name.to_owned()),
-                None if part == "nobatch" => batch = false,
-                None if part == "batch" => batch = true,
-                None if part == "nooffload" => offload = false,
-                None if part == "offload" => offload = true,
-                _ => return Err(format!("bad net option {part:?} (expected tap=NAME[,nobatch][,nooffload])")),
+            let source = match part.split_once('=') {
+                Some(("tap", name)) if !name.is_empty() && name.len() < libc::IFNAMSIZ => {
+                    Some(TapSource::Name(name.to_owned()))
+                }
+                Some(("fd", n)) => Some(TapSource::Fd(
+                    n.parse().ok().filter(|&n: &i32| n >= 0).ok_or_else(|| format!("fd={n:?}: not a descriptor"))?,
+                )),
+                Some(("mac", m)) => {
+                    mac = Some(parse_mac(m)?);
+                    None
+                }
+                Some(("batch", v)) => {
+                    batch = super::block::on_off("batch", v)?;
+                    None
+                }
+                Some(("offload", v)) => {
+                    offload = super::block::on_off("offload", v)?;
+                    None
+                }
+                // The older bare words.
+                None if part == "nobatch" || part == "batch" => {
+                    batch = part == "batch";
+                    None
+                }
+                None if part == "nooffload" || part == "offload" => {
+                    offload = part == "offload";
+                    None
+                }
+                _ => return Err(format!("bad net option {part:?} ({USAGE})")),
+            };
+            if let Some(source) = source {
+                if tap.replace(source).is_some() {
+                    return Err(format!("more than one tap=/fd= ({USAGE})"));
+                }
             }
         }
-        let tap = tap.ok_or("expected tap=NAME")?;
-        Ok(Self { tap, batch, offload })
+        let tap = tap.ok_or_else(|| format!("no tap ({USAGE})"))?;
+        Ok(Self { tap, mac, batch, offload })
     }
 }
 
@@ -129,6 +213,8 @@ pub struct Net {
     rx_wait: bool,
     /// Receive buffers used since the driver was last interrupted.
     unsignalled: u64,
+    /// A transmit error was logged (once per device).
+    tx_error_told: bool,
     buf: Vec<u8>,
 }
 
@@ -140,11 +226,10 @@ impl std::fmt::Debug for Net {
 
 impl Net {
     /// A device moving frames through `io` (the tap, non-blocking), with
-    /// `ctl` for its offload settings, as device number `n`.
+    /// `ctl` for its offload settings, as device number `n`, with the
+    /// default MAC for `tap` ([`Net::with_mac`] sets another).
     pub fn new(io: File, ctl: Box<dyn TapControl>, tap: &str, batch: bool, n: usize) -> Self {
-        // A locally administered unicast address, different per device.
-        // CAST: n < 8 devices.
-        let mac = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56u8.wrapping_add(n as u8)];
+        let mac = default_mac(tap);
         Self {
             io,
             ctl,
@@ -155,8 +240,15 @@ impl Net {
             hdr_len: 12,
             rx_wait: false,
             unsignalled: 0,
+            tx_error_told: false,
             buf: vec![0; MAX_FRAME],
         }
+    }
+
+    /// The guest's MAC address.
+    pub fn with_mac(mut self, mac: [u8; 6]) -> Self {
+        self.mac = mac;
+        self
     }
 
     /// Offers checksum and segmentation offload, or (`false`) neither:
@@ -178,7 +270,7 @@ impl Net {
 
     fn receive(&mut self, qs: &mut Queues<'_>) -> Result<(), DeviceError> {
         let mut delivered = 0u64;
-        loop {
+        while !qs.stopping() {
             let chain = match qs.pop(RX)? {
                 Some(chain) => chain,
                 None => {
@@ -202,7 +294,7 @@ impl Net {
                     qs.unpop(RX);
                     continue;
                 }
-                Err(source) => return Err(DeviceError::Host { what: "reading the tap", source }),
+                Err(source) => return Err(DeviceError::host("reading the tap", source)),
             };
             if n < self.hdr_len || n as u64 > chain.writable_len() {
                 // A runt, or a frame the driver's buffers cannot hold:
@@ -235,6 +327,10 @@ impl Net {
         loop {
             qs.disable_notification(TX)?;
             while let Some(chain) = qs.pop(TX)? {
+                if qs.stopping() {
+                    qs.unpop(TX);
+                    break;
+                }
                 if !chain.writable.is_empty() {
                     return Err(DeviceError::Request { queue: TX, why: "a device-writable buffer in a frame".into() });
                 }
@@ -250,15 +346,22 @@ impl Net {
                             log::debug!("{}: tap took {n} of {} bytes", self.name, frame.len());
                             qs.stats().dropped.fetch_add(1, Ordering::Relaxed);
                         }
+                        Err(e) if matches!(e.raw_os_error(), Some(libc::EBADFD | libc::ENODEV | libc::ENXIO)) => {
+                            qs.add_used(TX, chain.head, 0)?;
+                            return Err(DeviceError::host("writing the tap", e));
+                        }
                         Err(e) => {
-                            log::debug!("{}: tap write: {e}", self.name);
+                            if !self.tx_error_told {
+                                log::warn!("{}: tap write: {e}; frames are dropped (counted in --stats)", self.name);
+                                self.tx_error_told = true;
+                            }
                             qs.stats().dropped.fetch_add(1, Ordering::Relaxed);
                         }
                     }
                 }
                 qs.add_used(TX, chain.head, 0)?;
             }
-            if !qs.enable_notification(TX)? {
+            if qs.stopping() || !qs.enable_notification(TX)? {
                 break;
             }
         }
@@ -323,10 +426,8 @@ impl VirtioDevice for Net {
 
     fn activate(&mut self, features: u64) -> Result<(), DeviceError> {
         self.hdr_len = if features & (VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF) != 0 { 12 } else { 10 };
-        self.ctl
-            .set_vnet_hdr_size(self.hdr_len)
-            .map_err(|source| DeviceError::Host { what: "TUNSETVNETHDRSZ", source })?;
-        self.ctl.set_offload(offloads(features)).map_err(|source| DeviceError::Host { what: "TUNSETOFFLOAD", source })
+        self.ctl.set_vnet_hdr_size(self.hdr_len).map_err(|source| DeviceError::host("TUNSETVNETHDRSZ", source))?;
+        self.ctl.set_offload(offloads(features)).map_err(|source| DeviceError::host("TUNSETOFFLOAD", source))
     }
 
     fn reset(&mut self) {

@@ -64,6 +64,10 @@ impl VirtioDevice for Rng {
         loop {
             qs.disable_notification(0)?;
             while let Some(chain) = qs.pop(0)? {
+                if qs.stopping() {
+                    qs.unpop(0);
+                    break;
+                }
                 if !chain.readable.is_empty() {
                     return Err(DeviceError::Request { queue: 0, why: "a device-readable buffer in a request".into() });
                 }
@@ -76,7 +80,7 @@ impl VirtioDevice for Rng {
                 qs.add_used(0, chain.head, written as u32)?;
                 qs.stats().queues[0].count(written as u64);
             }
-            if !qs.enable_notification(0)? {
+            if qs.stopping() || !qs.enable_notification(0)? {
                 break;
             }
         }

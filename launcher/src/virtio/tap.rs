@@ -2,11 +2,14 @@
 //! A Linux TAP device for virtio-net: `/dev/net/tun` with `IFF_TAP |
 //! IFF_NO_PI | IFF_VNET_HDR`, so every frame read or written carries a
 //! virtio-net header, the guest's own. Opened non-blocking: the receive side
-//! reads until `EAGAIN`. The only `unsafe` here is the three ioctls.
+//! reads until `EAGAIN`. Or a tap that someone else opened and passed as
+//! a file descriptor (`--net fd=N`): it is checked to be such a tap
+//! (`TUNGETIFF`) and made non-blocking. The only `unsafe` here is the
+//! ioctls and taking the descriptor.
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
 /// What the net device needs to change on its host side once the driver
@@ -57,6 +60,48 @@ impl Tap {
         let tap = Self { file };
         tap.set_vnet_hdr_size(12)?;
         Ok(tap)
+    }
+
+    /// Takes over descriptor `fd`, a tap opened by someone else (with
+    /// `IFF_TAP | IFF_NO_PI | IFF_VNET_HDR`); returns it and the
+    /// interface's name.
+    pub fn from_fd(fd: RawFd) -> io::Result<(Self, String)> {
+        let bad = |why: String| io::Error::new(io::ErrorKind::InvalidInput, format!("descriptor {fd}: {why}"));
+        // SAFETY: F_GETFD only inspects the descriptor number.
+        if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+            return Err(bad("not open".into()));
+        }
+        // SAFETY: the descriptor is open (checked above) and nothing else in
+        // the launcher owns it: the command line handed it over, and from
+        // here the File closes it.
+        let file = unsafe { File::from_raw_fd(fd) };
+        let mut req = IfReq { name: [0; libc::IFNAMSIZ], flags: 0, pad: [0; 22] };
+        // SAFETY: TUNGETIFF writes one struct ifreq at the pointer, a live,
+        // exclusively borrowed IfReq of ifreq's size.
+        if unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNGETIFF, &mut req as *mut IfReq) } < 0 {
+            return Err(bad(format!("not a tap device ({})", io::Error::last_os_error())));
+        }
+        let flags = libc::c_int::from(req.flags);
+        let want = libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR;
+        if flags & want != want || flags & libc::IFF_TUN != 0 {
+            return Err(bad(format!(
+                "a tun/tap device with flags {flags:#x}; IFF_TAP | IFF_NO_PI | IFF_VNET_HDR needed"
+            )));
+        }
+        let len = req.name.iter().position(|&b| b == 0).unwrap_or(req.name.len());
+        let name = String::from_utf8_lossy(&req.name[..len]).into_owned();
+        // SAFETY: F_GETFL/F_SETFL/F_SETFD on a live descriptor, with integer
+        // arguments only.
+        unsafe {
+            let fl = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
+            if fl < 0 || libc::fcntl(file.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            libc::fcntl(file.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC);
+        }
+        let tap = Self { file };
+        tap.set_vnet_hdr_size(12)?;
+        Ok((tap, name))
     }
 
     /// A second handle on the same open file, for reading and writing.

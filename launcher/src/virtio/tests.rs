@@ -18,7 +18,7 @@ use lguest_abi::bus::{
 
 use super::block::{self, Block, DiskOptions};
 use super::bus::{Bus, IrqLine};
-use super::console::Console;
+use super::console::{self, Console};
 use super::net::{self, Net, NetOptions};
 use super::rng::{self, Rng};
 use super::tap::TapControl;
@@ -465,6 +465,121 @@ fn console_input_reaches_the_guest() {
     assert!(!needs_reset(&mem, 0));
 }
 
+/// A writer that blocks until `open` is set, then keeps what it gets.
+#[derive(Clone, Default)]
+struct Gate {
+    open: Arc<std::sync::atomic::AtomicBool>,
+    out: Shared,
+}
+
+impl Write for Gate {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        while !self.open.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        self.out.write(b)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// With stdout blocked (a pipe nobody reads), the console's device thread
+/// does not block: it takes output until its queue is full, then holds the
+/// rest back (the driver's chains stay unused) while the lock is free for
+/// the vCPU thread's status changes; once the writer drains, every byte
+/// comes out, in order.
+#[test]
+fn console_output_never_blocks_the_device_on_a_blocked_writer() {
+    let mem = memory();
+    let gate = Gate::default();
+    let console = Console::with_writer_thread(None, Box::new(gate.clone())).expect("console");
+    let (bus, _) = bus(&mem, vec![Box::new(console)]);
+    // Dropped before the bus, also when an assertion fails: the console's
+    // Drop waits for its writer, which must not stay blocked.
+    struct OpenOnDrop(Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for OpenOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let _open = OpenOnDrop(gate.open.clone());
+    let rx = TestRing::new(&mem, RING0, 16);
+    let mut tx = TestRing::new(&mem, RING1, 16);
+    rx.configure(&mem, 0, 0);
+    tx.configure(&mem, 0, 1);
+    assert_eq!(testring::start(&mem, &bus, 0, FEATURES), OK);
+    // 16 chains of 64 KiB each: four times the queue.
+    let chunk = 64 * 1024u32;
+    let mut want = Vec::new();
+    for i in 0..16u8 {
+        let data = vec![b'a' + i; chunk as usize];
+        mem.write(BUF + u64::from(i) * u64::from(chunk), &data).expect("w");
+        tx.add_chain(&mem, &[(BUF + u64::from(i) * u64::from(chunk), chunk, false)]);
+        want.extend_from_slice(&data);
+    }
+    let bus = &bus;
+    std::thread::scope(|s| {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        s.spawn(move || {
+            bus.service(0, kick(1));
+            let _ = done_tx.send(());
+        });
+        // A direct writer would block here until the gate opens (never).
+        assert!(done_rx.recv_timeout(std::time::Duration::from_secs(20)).is_ok(), "the device blocked on its output");
+    });
+    let used = tx.used_idx(&mem);
+    assert!(used < 16, "all {used} chains taken although the writer is blocked");
+    assert!(u64::from(used) * u64::from(chunk) >= console::QUEUE_MAX as u64, "only {used} chains taken");
+    // The lock is free: a status change goes through (a reset would do).
+    bus.notify(LguestBus::new(MEM).desc_addr(0));
+    // Open the gate; the device, woken by the queue's room, takes the rest.
+    gate.open.store(true, Ordering::SeqCst);
+    for _ in 0..10_000 {
+        if tx.used_idx(&mem) == 16 && gate.out.0.lock().expect("lock").len() == want.len() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        bus.service(0, Events { input: 2, ..Events::default() });
+    }
+    assert_eq!(tx.used_idx(&mem), 16);
+    assert!(*gate.out.0.lock().expect("lock") == want, "the output is not every byte in order");
+}
+
+/// Once the launcher stops (`Bus::shutdown`), no device takes another
+/// chain: a stop never waits for the guest's queued I/O.
+#[test]
+fn stopping_devices_take_no_more_chains() {
+    let mem = memory();
+    let disk = TempDisk::new(64);
+    let dev = Block::open(&disk_opts(&disk, false), 0).expect("open");
+    let out = Shared::default();
+    let (bus, _) = bus(&mem, vec![Box::new(Rng), Box::new(dev), Box::new(Console::new(None, Box::new(out.clone())))]);
+    let mut rng_ring = TestRing::new(&mem, RING0, 16);
+    rng_ring.configure(&mem, 0, 0);
+    assert_eq!(testring::start(&mem, &bus, 0, FEATURES), OK);
+    let mut blk_ring = TestRing::new(&mem, RING1, 16);
+    blk_ring.configure(&mem, 1, 0);
+    assert_eq!(testring::start(&mem, &bus, 1, FEATURES), OK);
+    let mut con_tx = TestRing::new(&mem, 0x3_0000, 16);
+    let con_rx = TestRing::new(&mem, 0x4_0000, 16);
+    con_rx.configure(&mem, 2, 0);
+    con_tx.configure(&mem, 2, 1);
+    assert_eq!(testring::start(&mem, &bus, 2, FEATURES), OK);
+    rng_ring.add_chain(&mem, &[(BUF, 64, true)]);
+    mem.write(HDR, &header(block::VIRTIO_BLK_T_IN, 0)).expect("w");
+    blk_ring.add_chain(&mem, &[(HDR, 16, false), (DATA, 4096, true), (STATUS, 1, true)]);
+    con_tx.add_chain(&mem, &[(BUF + 0x8000, 8, false)]);
+    bus.shutdown();
+    for dev in 0..3 {
+        bus.service(dev, Events { kicked: 3, ..Events::default() });
+    }
+    assert_eq!(rng_ring.used_idx(&mem), 0, "rng took a chain");
+    assert_eq!(blk_ring.used_idx(&mem), 0, "block took a chain");
+    assert_eq!(con_tx.used_idx(&mem), 0, "console took a chain");
+    assert!(out.0.lock().expect("lock").is_empty());
+}
+
 #[test]
 fn console_output_with_a_writable_buffer_needs_reset() {
     let mem = memory();
@@ -512,8 +627,12 @@ const HDR: u64 = BUF;
 const DATA: u64 = BUF + 0x1000;
 const STATUS: u64 = BUF + 0x3000;
 
+fn disk_opts(disk: &TempDisk, ro: bool) -> DiskOptions {
+    DiskOptions { read_only: ro, ..DiskOptions::new(disk.0.clone()) }
+}
+
 fn started_block<'m>(mem: &'m GuestMemory, disk: &TempDisk, ro: bool) -> (Bus<'m>, TestRing) {
-    let dev = Block::open(&DiskOptions { path: disk.0.clone(), read_only: ro }, 0).expect("open");
+    let dev = Block::open(&disk_opts(disk, ro), 0).expect("open");
     let (bus, _) = bus(mem, vec![Box::new(dev)]);
     let ring = TestRing::new(mem, RING0, 16);
     ring.configure(mem, 0, 0);
@@ -638,10 +757,230 @@ fn block_requests_without_header_or_status_need_reset() {
 
 #[test]
 fn disk_options_parse() {
-    assert_eq!("a.img".parse::<DiskOptions>(), Ok(DiskOptions { path: "a.img".into(), read_only: false }));
-    assert_eq!("a.img,ro".parse::<DiskOptions>(), Ok(DiskOptions { path: "a.img".into(), read_only: true }));
-    assert!("a.img,rw".parse::<DiskOptions>().is_err());
-    assert!("".parse::<DiskOptions>().is_err());
+    let plain = DiskOptions::new("a.img");
+    assert_eq!("a.img".parse::<DiskOptions>(), Ok(plain.clone()));
+    assert_eq!("a.img,ro".parse::<DiskOptions>(), Ok(DiskOptions { read_only: true, ..plain.clone() }));
+    assert_eq!("path=a.img".parse::<DiskOptions>(), Ok(plain.clone()));
+    assert_eq!(
+        "path=a.img,readonly=on,direct=on,id=data0,lock=off".parse::<DiskOptions>(),
+        Ok(DiskOptions { read_only: true, direct: true, id: Some("data0".into()), lock: false, ..plain.clone() })
+    );
+    assert_eq!("readonly=off,path=a.img".parse::<DiskOptions>(), Ok(plain.clone()));
+    assert_eq!("a.img,direct=on".parse::<DiskOptions>(), Ok(DiskOptions { direct: true, ..plain }));
+    for bad in
+        ["a.img,rw", "", "readonly=on", "path=", "a.img,readonly=yes", "a.img,id=", "a.img,id=this-id-is-far-too-long"]
+    {
+        assert!(bad.parse::<DiskOptions>().is_err(), "{bad:?} was accepted");
+    }
+}
+
+/// One thing the block device asked of its disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum DiskOp {
+    Read(u64, usize),
+    Write(u64, usize),
+    Sync,
+}
+
+/// A disk in memory that records every operation; `fail_sync` makes
+/// fdatasync fail (EIO).
+#[derive(Clone, Default)]
+struct RecordingDisk {
+    ops: Arc<Mutex<Vec<DiskOp>>>,
+    data: Arc<Mutex<Vec<u8>>>,
+    fail_sync: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl block::Disk for RecordingDisk {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.ops.lock().expect("lock").push(DiskOp::Read(offset, buf.len()));
+        let d = self.data.lock().expect("lock");
+        let o = offset as usize;
+        buf.copy_from_slice(&d[o..o + buf.len()]);
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.ops.lock().expect("lock").push(DiskOp::Write(offset, buf.len()));
+        let o = offset as usize;
+        self.data.lock().expect("lock")[o..o + buf.len()].copy_from_slice(buf);
+        Ok(())
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.ops.lock().expect("lock").push(DiskOp::Sync);
+        if self.fail_sync.load(Ordering::SeqCst) {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        Ok(())
+    }
+}
+
+impl RecordingDisk {
+    fn new(sectors: usize) -> Self {
+        let d = Self::default();
+        *d.data.lock().expect("lock") = vec![0; sectors * 512];
+        d
+    }
+    fn take(&self) -> Vec<DiskOp> {
+        std::mem::take(&mut *self.ops.lock().expect("lock"))
+    }
+}
+
+/// A block device on `disk`, started with `features`.
+fn started_recording<'m>(mem: &'m GuestMemory, disk: &RecordingDisk, features: u64) -> (Bus<'m>, TestRing) {
+    let dev = Block::new(Box::new(disk.clone()), 64 * 512, "rec.img", false, 0);
+    let (bus, _) = bus(mem, vec![Box::new(dev)]);
+    let ring = TestRing::new(mem, RING0, 16);
+    ring.configure(mem, 0, 0);
+    assert_eq!(testring::start(mem, &bus, 0, features), OK);
+    (bus, ring)
+}
+
+/// With FLUSH negotiated (writeback), a write goes to the disk without a
+/// sync, and a flush is one fdatasync that happens before the flush
+/// completes; nothing is synced that was not asked for.
+#[test]
+fn block_writeback_syncs_on_flush_only() {
+    let mem = memory();
+    let disk = RecordingDisk::new(64);
+    let (bus, mut ring) = started_recording(&mem, &disk, FEATURES | block::VIRTIO_BLK_F_FLUSH);
+    mem.write(DATA, &[0x11; 1024]).expect("w");
+    let (st, _) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_OUT, 3, Some((1024, false)));
+    assert_eq!(st, block::VIRTIO_BLK_S_OK);
+    assert_eq!(disk.take(), [DiskOp::Write(3 * 512, 1024)], "a write, no sync");
+    let (st, _) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_FLUSH, 0, None);
+    assert_eq!(st, block::VIRTIO_BLK_S_OK);
+    assert_eq!(disk.take(), [DiskOp::Sync], "the flush is one fdatasync");
+    assert_eq!(&disk.data.lock().expect("lock")[3 * 512..5 * 512], &[0x11; 1024]);
+}
+
+/// Without FLUSH (the driver expects writethrough), every write is synced
+/// before it completes.
+#[test]
+fn block_writethrough_without_flush() {
+    let mem = memory();
+    let disk = RecordingDisk::new(64);
+    let (bus, mut ring) = started_recording(&mem, &disk, FEATURES);
+    for sector in [1, 9] {
+        mem.write(DATA, &[0x22; 512]).expect("w");
+        let (st, _) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_OUT, sector, Some((512, false)));
+        assert_eq!(st, block::VIRTIO_BLK_S_OK);
+        assert_eq!(disk.take(), [DiskOp::Write(sector * 512, 512), DiskOp::Sync], "sector {sector}");
+    }
+    // Reads need no sync.
+    let (st, _) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_IN, 1, Some((512, true)));
+    assert_eq!(st, block::VIRTIO_BLK_S_OK);
+    assert_eq!(disk.take(), [DiskOp::Read(512, 512)]);
+}
+
+/// A failed fdatasync: the flush gets IOERR, the device needs a reset, and
+/// after the reset every write and flush still fails (the kernel may have
+/// dropped the data), though reads work.
+#[test]
+fn block_sync_failure_fails_the_device_for_good() {
+    let mem = memory();
+    let disk = RecordingDisk::new(64);
+    let features = FEATURES | block::VIRTIO_BLK_F_FLUSH;
+    let (bus, mut ring) = started_recording(&mem, &disk, features);
+    mem.write(DATA, &[0x33; 512]).expect("w");
+    let (st, _) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_OUT, 0, Some((512, false)));
+    assert_eq!(st, block::VIRTIO_BLK_S_OK);
+    disk.fail_sync.store(true, Ordering::SeqCst);
+    let (st, _) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_FLUSH, 0, None);
+    assert_eq!(st, block::VIRTIO_BLK_S_IOERR, "the flush failed");
+    assert!(needs_reset(&mem, 0), "the device needs a reset");
+    // Reset and start again; the disk now syncs fine, but it is too late.
+    disk.fail_sync.store(false, Ordering::SeqCst);
+    testring::set_status(&mem, &bus, 0, 0);
+    let mut ring = TestRing::new(&mem, RING0, 16);
+    ring.configure(&mem, 0, 0);
+    assert_eq!(testring::start(&mem, &bus, 0, features), OK);
+    disk.take();
+    let (st, _) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_OUT, 0, Some((512, false)));
+    assert_eq!(st, block::VIRTIO_BLK_S_IOERR, "a write after the failure");
+    let (st, _) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_FLUSH, 0, None);
+    assert_eq!(st, block::VIRTIO_BLK_S_IOERR, "a flush after the failure");
+    assert_eq!(disk.take(), [], "nothing reached the disk");
+    let (st, _) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_IN, 0, Some((512, true)));
+    assert_eq!(st, block::VIRTIO_BLK_S_OK, "reads still work");
+}
+
+/// The advisory lock: two read-write opens of one image conflict, with an
+/// error that says so; read-only opens share; a read-only open conflicts
+/// with a read-write one; `lock=off` opts out.
+#[test]
+fn block_images_are_locked() {
+    let disk = TempDisk::new(8);
+    let rw = disk_opts(&disk, false);
+    let ro = disk_opts(&disk, true);
+    let first = Block::open(&rw, 0).expect("first open");
+    let err = Block::open(&rw, 1).expect_err("a second writer");
+    assert!(err.to_string().contains("is in use") && err.to_string().contains("lock=off"), "{err}");
+    assert!(Block::open(&ro, 1).is_err(), "a reader while a writer holds it");
+    assert!(Block::open(&DiskOptions { lock: false, ..rw.clone() }, 1).is_ok(), "lock=off");
+    drop(first);
+    let r1 = Block::open(&ro, 0).expect("a reader");
+    let r2 = Block::open(&ro, 1).expect("a second reader");
+    assert!(Block::open(&rw, 2).is_err(), "a writer while readers hold it");
+    drop((r1, r2));
+    assert!(Block::open(&rw, 0).is_ok(), "free again");
+}
+
+/// The capacity comes from the end of the file, whatever stat says (a block
+/// device has no stat size); a directory is refused.
+#[test]
+fn block_size_and_kind() {
+    let disk = TempDisk::new(24);
+    let dev = Block::open(&disk_opts(&disk, true), 0).expect("open");
+    assert_eq!(dev.config()[..8], 24u64.to_le_bytes());
+    let err = Block::open(&DiskOptions { read_only: true, ..DiskOptions::new(std::env::temp_dir()) }, 0)
+        .expect_err("a directory");
+    assert!(err.to_string().contains("neither a regular file nor a block device"), "{err}");
+}
+
+/// A loop device over an image of 77 sectors (this needs root and
+/// losetup, as the test machines have; without them there is nothing to
+/// check): its stat size is 0, and the disk has 77 sectors, read-only and
+/// read-write, without the lock and with it.
+#[test]
+fn block_device_capacity_comes_from_its_end() {
+    let disk = TempDisk::new(77);
+    let out = std::process::Command::new("losetup").args(["-f", "--show"]).arg(&disk.0).output();
+    let dev = match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        other => {
+            eprintln!("no loop device ({other:?}): nothing to check");
+            return;
+        }
+    };
+    struct Detach(String);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("losetup").args(["-d", &self.0]).status();
+        }
+    }
+    let _detach = Detach(dev.clone());
+    assert_eq!(std::fs::metadata(&dev).expect("stat").len(), 0, "a block device has no stat size");
+    for (ro, lock) in [(true, false), (false, true)] {
+        let opts = DiskOptions { read_only: ro, lock, ..DiskOptions::new(dev.clone()) };
+        let blk = Block::open(&opts, 0).expect("open the loop device");
+        assert_eq!(blk.config()[..8], 77u64.to_le_bytes(), "{dev}: capacity (ro {ro})");
+    }
+}
+
+/// `id=` is what GET_ID returns.
+#[test]
+fn block_id_option() {
+    let mem = memory();
+    let disk = TempDisk::new(8);
+    let opts = DiskOptions { id: Some("data-disk".into()), ..disk_opts(&disk, false) };
+    let dev = Block::open(&opts, 0).expect("open");
+    let (bus, _) = bus(&mem, vec![Box::new(dev)]);
+    let mut ring = TestRing::new(&mem, RING0, 16);
+    ring.configure(&mem, 0, 0);
+    assert_eq!(testring::start(&mem, &bus, 0, FEATURES), OK);
+    let (st, used) = blk_request(&mem, &bus, &mut ring, block::VIRTIO_BLK_T_GET_ID, 0, Some((20, true)));
+    assert_eq!((st, used), (block::VIRTIO_BLK_S_OK, 21));
+    assert_eq!(read(&mem, DATA, 20), b"data-disk\0\0\0\0\0\0\0\0\0\0\0");
 }
 
 // ---------------------------------------------------------------------------
@@ -834,18 +1173,100 @@ fn net_transmit_with_a_writable_buffer_needs_reset() {
     assert!(needs_reset(&mem, 0));
 }
 
+/// A tap whose interface was deleted: every ioctl says EBADFD.
+struct GoneTap;
+
+impl TapControl for GoneTap {
+    fn set_vnet_hdr_size(&self, _: usize) -> std::io::Result<()> {
+        Err(std::io::Error::from_raw_os_error(libc::EBADFD))
+    }
+    fn set_offload(&self, _: u32) -> std::io::Result<()> {
+        Err(std::io::Error::from_raw_os_error(libc::EBADFD))
+    }
+}
+
+/// A tap that is gone (EBADFD) is not a device reset, which would only
+/// fail again forever: the bus records why the launcher must stop, naming
+/// the device, and kicks the vCPU thread out of RUN to see it.
+#[test]
+fn a_gone_tap_stops_the_launcher() {
+    let mem = memory();
+    let (dev_end, _host_end) = UnixDatagram::pair().expect("socketpair");
+    let net = Net::new(File::from(OwnedFd::from(dev_end)), Box::new(GoneTap), "lgtap0", true, 0);
+    let (bus, _) = bus(&mem, vec![Box::new(net)]);
+    let kicks = Arc::new(AtomicU64::new(0));
+    let k = kicks.clone();
+    bus.set_vcpu_kick(Box::new(move || {
+        k.fetch_add(1, Ordering::SeqCst);
+    }));
+    let rx = TestRing::new(&mem, RING0, 16);
+    let tx = TestRing::new(&mem, RING1, 16);
+    rx.configure(&mem, 0, 0);
+    tx.configure(&mem, 0, 1);
+    assert!(bus.fatal().is_none());
+    testring::start(&mem, &bus, 0, FEATURES);
+    let why = bus.fatal().expect("the launcher must stop");
+    assert!(why.contains("net0 (lgtap0)") && why.contains("TUNSETVNETHDRSZ"), "{why}");
+    assert_eq!(kicks.load(Ordering::SeqCst), 1, "the vCPU thread was kicked");
+}
+
 #[test]
 fn net_options_parse() {
-    assert_eq!("tap=tap0".parse::<NetOptions>(), Ok(NetOptions { tap: "tap0".into(), batch: true, offload: true }));
-    assert_eq!("tap=t,nobatch".parse::<NetOptions>(), Ok(NetOptions { tap: "t".into(), batch: false, offload: true }));
+    use net::TapSource;
+    let tap = |name: &str| NetOptions { tap: TapSource::Name(name.into()), mac: None, batch: true, offload: true };
+    assert_eq!("tap=tap0".parse::<NetOptions>(), Ok(tap("tap0")));
+    assert_eq!("tap=t,nobatch".parse::<NetOptions>(), Ok(NetOptions { batch: false, ..tap("t") }));
+    assert_eq!("tap=t,batch=off".parse::<NetOptions>(), Ok(NetOptions { batch: false, ..tap("t") }));
     assert_eq!(
         "tap=t,nooffload,nobatch".parse::<NetOptions>(),
-        Ok(NetOptions { tap: "t".into(), batch: false, offload: false })
+        Ok(NetOptions { batch: false, offload: false, ..tap("t") })
     );
-    assert!("tap=".parse::<NetOptions>().is_err());
-    assert!("nobatch".parse::<NetOptions>().is_err());
-    assert!("tap=x,fast".parse::<NetOptions>().is_err());
-    assert!("tap=averyveryverylongname".parse::<NetOptions>().is_err());
+    assert_eq!(
+        "fd=3,mac=02:aa:bb:cc:dd:0e,offload=off,batch=on".parse::<NetOptions>(),
+        Ok(NetOptions {
+            tap: TapSource::Fd(3),
+            mac: Some([2, 0xaa, 0xbb, 0xcc, 0xdd, 0x0e]),
+            batch: true,
+            offload: false
+        })
+    );
+    for bad in [
+        "tap=",
+        "nobatch",
+        "tap=x,fast",
+        "tap=averyveryverylongname",
+        "tap=a,fd=3",
+        "fd=-1",
+        "fd=x",
+        "tap=a,mac=01:00:5e:00:00:01",
+        "tap=a,mac=52:54:00:12:34",
+        "tap=a,mac=52:54:00:12:34:zz",
+        "tap=a,batch=maybe",
+    ] {
+        assert!(bad.parse::<NetOptions>().is_err(), "{bad:?} was accepted");
+    }
+}
+
+/// The default MAC: stable for a tap name, different between names,
+/// locally administered and unicast; and `with_mac` is what the config
+/// space shows.
+#[test]
+fn net_default_and_chosen_mac() {
+    assert_eq!(net::default_mac("lgtap0"), net::default_mac("lgtap0"));
+    let macs: Vec<[u8; 6]> =
+        ["tap0", "tap1", "lgtap0", "lgtap1", "br0-guest"].iter().map(|n| net::default_mac(n)).collect();
+    for (i, a) in macs.iter().enumerate() {
+        assert!(macs[i + 1..].iter().all(|b| b != a), "{a:02x?} twice");
+        assert_eq!(a[0] & 3, 2, "locally administered unicast");
+    }
+    assert_eq!(net::mac_text(&[0x52, 0x54, 0, 0xab, 1, 0xff]), "52:54:00:ab:01:ff");
+    let mem = memory();
+    let (dev_end, _host_end) = UnixDatagram::pair().expect("pair");
+    let ctl = FakeTapCtl::default();
+    let dev = Net::new(File::from(OwnedFd::from(dev_end)), Box::new(ctl), "x", true, 0).with_mac([2, 1, 2, 3, 4, 5]);
+    let (_bus, _) = bus(&mem, vec![Box::new(dev)]);
+    let cfg = read(&mem, LguestBus::new(MEM).desc_addr(0) + offset_of!(LguestDeviceDesc, config) as u64, 6);
+    assert_eq!(cfg, [2, 1, 2, 3, 4, 5]);
 }
 
 // ---------------------------------------------------------------------------

@@ -13,7 +13,10 @@
 //! and powers off with "devices: done". A device that fails crashes the
 //! guest with the error. With `echo` on the command line it also reads one
 //! line from the virtio console (the launcher's stdin) and writes it back
-//! as `devices: echo: LINE` (a console round trip).
+//! as `devices: echo: LINE` (a console round trip). With `flood` it
+//! writes lines to the virtio console forever, with `floodhc` to the
+//! hypercall console (for the launcher's stop tests: its stdout is a pipe
+//! nobody reads).
 #![no_std]
 #![no_main]
 
@@ -118,9 +121,19 @@ fn main(args: Args) -> Result<(), Failed> {
         );
     }
 
+    if args.iter().any(|w| w == "floodhc") {
+        for n in 0u64.. {
+            println!("devices: floodhc: line {n} of the hypercall console flood, which never ends");
+        }
+    }
     let mut out = Out(virtio::console()?);
     let via = if out.0.is_some() { "the virtio console" } else { "the early console (no virtio console)" };
     writeln!(out, "devices: hello from the lguest guest over {via}")?;
+    if args.iter().any(|w| w == "flood") {
+        for n in 0u64.. {
+            writeln!(out, "devices: flood: line {n} of the virtio console flood, which never ends")?;
+        }
+    }
     if echo {
         let Some(c) = out.0.as_mut() else {
             return Err(Failed("devices: echo: no virtio console".into()));

@@ -42,17 +42,13 @@ impl Rng {
 
     /// The next 64 random bits.
     pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        lguest_splitmix::next(&mut self.0)
     }
 
     /// A number in `0..n` (0 when `n` is 0), without modulo bias worth
     /// speaking of.
     pub fn below(&mut self, n: u64) -> u64 {
-        ((u128::from(self.next()) * u128::from(n)) >> 64) as u64
+        lguest_splitmix::below(self.next(), n)
     }
 
     /// A number in `lo..=hi`.

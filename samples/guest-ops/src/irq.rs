@@ -191,9 +191,14 @@ pub fn timer(arg: Option<&str>) -> ! {
     println!(
         "guest-ops: timer: {n} sleeps: {ticks} timer interrupts, {wakeups} wake-ups, {elapsed} ns elapsed, {cycles} TSC cycles (per sleep min {min} max {max})"
     );
-    if ticks < n || elapsed < n.saturating_mul(MS) {
+    // Each wake-up from HALT is exactly one timer interrupt (nothing else
+    // is armed), every sleep needed at least one, and no sleep was shorter
+    // than 1 ms in TSC cycles (a second clock: `now_ns` is what the sleep
+    // loop itself watches), allowing 0.1% for the kHz rounding.
+    let one_ms = u64::from(data::tsc_khz()) * 999 / 1000;
+    if ticks != wakeups || wakeups < n || elapsed < n.saturating_mul(MS) || min < one_ms {
         crash_fmt(format_args!(
-            "guest-ops: timer: {ticks} timer interrupts (want >= {n}), {elapsed} ns (want >= {})",
+            "guest-ops: timer: {ticks} timer interrupts for {wakeups} wake-ups (want equal, >= {n}), {elapsed} ns (want >= {}), shortest sleep {min} TSC cycles (want >= {one_ms})",
             n.saturating_mul(MS)
         ));
     }

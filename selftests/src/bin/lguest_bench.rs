@@ -14,7 +14,12 @@
 //!   round trip from guest user mode, the host's shadow fault alone, and a
 //!   fork-like cycle (build, fill, switch, touch, tear down 64 pages).
 //!
-//! Output: one `bench: name value unit` line per figure.
+//! Every figure is measured [`samples`] times (`LGUEST_BENCH_SAMPLES`,
+//! default 5) and reported as its median with the spread:
+//! `bench: name MEDIAN unit (median of K, min A, max B)`; ratios are of
+//! medians. A figure that fails in any sample is reported as failed, and
+//! the program then exits 1 (after printing everything else), so that a
+//! partial failure is not a pass.
 
 use std::process::Command;
 
@@ -38,6 +43,9 @@ fn hypercall_cycles(n: u64) -> Option<f64> {
         .args(["run", "--memory", "16M", &format!("{guests}/guest-ops"), "hcalls", &n.to_string()])
         .output()
         .ok()?;
+    if !out.status.success() {
+        return None;
+    }
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text.lines().find(|l| l.contains("TSC cycles"))?;
     let cycles: f64 = line.split_whitespace().find_map(|w| w.parse().ok())?;
@@ -57,6 +65,9 @@ fn latency(noirqcheck: bool) -> Option<u64> {
         .args(&args)
         .output()
         .ok()?;
+    if !out.status.success() {
+        return None;
+    }
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text.lines().find(|l| l.contains("median"))?;
     let mut words = line.split_whitespace();
@@ -130,52 +141,141 @@ fn host_fork_cycles(pages: usize, iterations: u64) -> Option<u64> {
     Some((rdtsc() - start) / iterations)
 }
 
+/// Samples per figure.
+fn samples() -> usize {
+    std::env::var("LGUEST_BENCH_SAMPLES").ok().and_then(|v| v.parse().ok()).filter(|&k| k > 0).unwrap_or(5)
+}
+
+/// Median, min and max of `v` (not empty).
+fn spread(v: &mut [f64]) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    let median = if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 };
+    (median, v[0], v[v.len() - 1])
+}
+
+/// The figures, each a list of samples, and whether any sample failed.
+struct Report {
+    failed: Vec<String>,
+}
+
+impl Report {
+    /// Takes `k` samples of `f`; prints the median and spread, or the
+    /// failure. Returns the median.
+    fn figure(
+        &mut self,
+        name: &str,
+        unit: &str,
+        note: &str,
+        k: usize,
+        mut f: impl FnMut() -> Option<f64>,
+    ) -> Option<f64> {
+        let mut v = Vec::with_capacity(k);
+        for i in 0..k {
+            match f() {
+                Some(x) => v.push(x),
+                None => {
+                    println!("bench: {name} failed (sample {} of {k})", i + 1);
+                    self.failed.push(name.to_string());
+                    return None;
+                }
+            }
+        }
+        let (median, min, max) = spread(&mut v);
+        println!("bench: {name} {median:.0} {unit} (median of {k}, min {min:.0}, max {max:.0}){note}");
+        Some(median)
+    }
+}
+
 fn main() {
+    let k = samples();
     let n = 200_000;
-    let getpid = getpid_cycles(n);
-    println!("bench: getpid {getpid:.0} cycles");
-    match hypercall_cycles(n) {
-        Some(h) => {
-            println!("bench: hypercall_round_trip {h:.0} cycles");
-            println!("bench: hypercall_vs_getpid {:.2} ratio", h / getpid);
-        }
-        None => {
-            println!("bench: hypercall_round_trip failed");
-            std::process::exit(1);
-        }
+    let mut r = Report { failed: Vec::new() };
+    let getpid = r.figure("getpid", "cycles", "", k, || Some(getpid_cycles(n)));
+    let hcall = r.figure("hypercall_round_trip", "cycles", "", k, || hypercall_cycles(n));
+    if let (Some(h), Some(g)) = (hcall, getpid) {
+        println!("bench: hypercall_vs_getpid {:.2} ratio (of the medians)", h / g);
     }
-    match (latency(false), latency(true)) {
-        (Some(on), Some(off)) => {
-            println!("bench: irq_latency_with_check {on} cycles (median of 20)");
-            println!("bench: irq_latency_without_check {off} cycles (median of 20, noirqcheck)");
-            println!("bench: irq_latency_ratio {:.1} ratio (without / with)", off as f64 / on.max(1) as f64);
-        }
-        _ => println!("bench: irq_latency failed"),
+    let on = r.figure("irq_latency_with_check", "cycles", " (each sample a median of 20)", k, || {
+        latency(false).map(|c| c as f64)
+    });
+    let off = r.figure("irq_latency_without_check", "cycles", " (each sample a median of 20, noirqcheck)", k, || {
+        latency(true).map(|c| c as f64)
+    });
+    if let (Some(on), Some(off)) = (on, off) {
+        println!("bench: irq_latency_ratio {:.1} ratio (without / with, of the medians)", off / on.max(1.0));
     }
-    let host_fault = host_fault_cycles(512);
-    let host_fork = host_fork_cycles(64, 100);
-    if let Some(c) = host_fault {
-        println!("bench: host_fault_cycles {c} cycles (first touch of a fresh anonymous page)");
-    }
-    if let Some(c) = host_fork {
-        println!("bench: host_fork_cycles {c} cycles (fork, 64 copy-on-write pages written, exit, wait)");
-    }
-    match pfbench() {
-        Some(figures) => {
-            for (name, value) in &figures {
-                println!("bench: pf_{name} {value} cycles");
-            }
-            let get = |n: &str| figures.iter().find(|(k, _)| k == n).map(|(_, v)| *v as f64);
-            if let (Some(g), Some(h)) = (get("fault_roundtrip_cycles"), host_fault) {
-                println!(
-                    "bench: pf_fault_vs_host {:.1} ratio (guest demand paging / host demand-zero fault)",
-                    g / h as f64
-                );
-            }
-            if let (Some(g), Some(h)) = (get("fork_cycles"), host_fork) {
-                println!("bench: pf_fork_vs_host {:.2} ratio (guest address-space cycle / host fork)", g / h as f64);
+    let host_fault = r.figure("host_fault_cycles", "cycles", " (first touch of a fresh anonymous page)", k, || {
+        host_fault_cycles(512).map(|c| c as f64)
+    });
+    let host_fork =
+        r.figure("host_fork_cycles", "cycles", " (fork, 64 copy-on-write pages written, exit, wait)", k, || {
+            host_fork_cycles(64, 100).map(|c| c as f64)
+        });
+    // pfbench gives several figures per run: k runs, each figure's samples.
+    let mut runs = Vec::new();
+    for i in 0..k {
+        match pfbench() {
+            Some(figures) => runs.push(figures),
+            None => {
+                println!("bench: pfbench failed (sample {} of {k})", i + 1);
+                r.failed.push("pfbench".into());
+                break;
             }
         }
-        None => println!("bench: pfbench failed"),
+    }
+    if runs.len() == k {
+        let names: Vec<String> = runs[0].iter().map(|(n, _)| n.clone()).collect();
+        let mut medians = Vec::new();
+        for name in &names {
+            let mut it = runs.iter().map(|f| f.iter().find(|(n, _)| n == name).map(|(_, v)| *v as f64));
+            let med = r.figure(&format!("pf_{name}"), "cycles", "", k, || it.next().flatten());
+            medians.push((name.clone(), med));
+        }
+        let get = |n: &str| medians.iter().find(|(k, _)| k == n).and_then(|(_, v)| *v);
+        if let (Some(g), Some(h)) = (get("fault_roundtrip_cycles"), host_fault) {
+            println!(
+                "bench: pf_fault_vs_host {:.1} ratio (guest demand paging / host demand-zero fault, of the medians)",
+                g / h
+            );
+        }
+        if let (Some(g), Some(h)) = (get("fork_cycles"), host_fork) {
+            println!(
+                "bench: pf_fork_vs_host {:.2} ratio (guest address-space cycle / host fork, of the medians)",
+                g / h
+            );
+        }
+    }
+    if !r.failed.is_empty() {
+        println!("bench: FAILED: {}", r.failed.join(", "));
+        std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_and_spread() {
+        assert_eq!(spread(&mut [3.0, 1.0, 2.0]), (2.0, 1.0, 3.0));
+        assert_eq!(spread(&mut [4.0, 1.0, 2.0, 3.0]), (2.5, 1.0, 4.0));
+        assert_eq!(spread(&mut [7.0]), (7.0, 7.0, 7.0));
+    }
+
+    /// A figure with one failed sample is a failure, recorded for the exit
+    /// status, and gives no median.
+    #[test]
+    fn one_failed_sample_fails_the_figure() {
+        let mut r = Report { failed: Vec::new() };
+        let mut i = 0;
+        let got = r.figure("x", "cycles", "", 3, || {
+            i += 1;
+            (i != 2).then_some(1.0)
+        });
+        assert_eq!(got, None);
+        assert_eq!(r.failed, ["x"]);
+        assert_eq!(r.figure("y", "cycles", "", 3, || Some(5.0)), Some(5.0));
+        assert_eq!(r.failed, ["x"]);
     }
 }

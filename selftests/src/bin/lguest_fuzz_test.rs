@@ -109,6 +109,9 @@ trait FuzzOutcome {
     fn kill_reason(&self) -> Option<&str>;
 }
 
+/// The launcher's status for a guest the host killed (`lguest run --help`).
+const EXIT_KILLED: i32 = 11;
+
 impl FuzzOutcome for Outcome {
     /// The host's counts of exits and hypercalls, from `lguest -v`'s
     /// "vCPU 0: N exits, M hypercalls".
@@ -245,13 +248,13 @@ fn fatal_ops_kill_with_reason() -> TestResult {
         let o = spawn("fuzz", &fuzz_args(seed, FATAL_OPS, kill_rate))?.wait(FATAL_TIMEOUT)?;
         let expect = o.stdout.lines().rev().find_map(|l| l.split_once("; expect: ").map(|(_, e)| e.to_owned()));
         match (o.code, o.kill_reason(), expect) {
-            (2, Some(reason), Some(expect)) if reason.starts_with(&expect) => {
+            (EXIT_KILLED, Some(reason), Some(expect)) if reason.starts_with(&expect) => {
                 *tally.entry(reason_kind(reason)).or_default() += 1;
             }
-            (2, Some(reason), Some(expect)) => {
+            (EXIT_KILLED, Some(reason), Some(expect)) => {
                 failures.push(format!("seed {seed}: killed with {reason:?}, expected {expect:?}: {}", o.describe()))
             }
-            (2, Some(reason), None) => failures
+            (EXIT_KILLED, Some(reason), None) => failures
                 .push(format!("seed {seed}: killed with {reason:?} before any fatal operation: {}", o.describe())),
             (0, None, None) if o.guest_counts(seed).is_some() => {
                 *tally.entry("(no fatal operation: powered off)".into()).or_default() += 1;

@@ -134,16 +134,12 @@ struct Rng(u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        lguest_splitmix::next(&mut self.0)
     }
 
     /// Uniform in `[0, n)` (0 when `n` is 0).
     fn below(&mut self, n: u64) -> u64 {
-        ((self.next() as u128 * n as u128) >> 64) as u64
+        lguest_splitmix::below(self.next(), n)
     }
 
     /// Uniform in `[lo, hi)`; `lo` if the range is empty.

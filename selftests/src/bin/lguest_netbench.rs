@@ -216,35 +216,44 @@ fn main() -> ExitCode {
             }
         }
     }
-    let mut results = Vec::new();
-    for row in rows {
-        let name = format!(
+    let name = |row: &Row| {
+        format!(
             "{} {mib} MiB batch={} irqcheck={} offload={}{}",
             if row.to_host { "guest->host" } else { "host->guest" },
             on(row.batch),
             on(row.irqcheck),
             on(row.offload),
             row.mode()
-        );
-        // The run with the median throughput of `reps` stands for the row.
-        let mut runs = Vec::new();
-        for _ in 0..reps {
-            match run(row, bytes, &extra) {
-                Ok(r) => runs.push(r),
+        )
+    };
+    // The reps run round-robin across the rows, so that drift (TCG
+    // warm-up, the page cache) is spread over all rows instead of biasing
+    // the ratios between them. Any failed run fails the benchmark.
+    let mut runs: Vec<Vec<_>> = rows.iter().map(|_| Vec::new()).collect();
+    for _ in 0..reps {
+        for (i, row) in rows.iter().enumerate() {
+            match run(*row, bytes, &extra) {
+                Ok(r) => runs[i].push(r),
                 Err(e) => {
-                    println!("bench: net {name}: failed: {e}");
+                    println!("bench: net {}: failed: {e}", name(row));
                     return ExitCode::FAILURE;
                 }
             }
         }
+    }
+    let mut results = Vec::new();
+    for (row, mut runs) in rows.iter().copied().zip(runs) {
+        // The run with the median throughput of `reps` stands for the row.
         let all: Vec<String> = runs.iter().map(|r| format!("{:.1}", r.mb_per_s)).collect();
         runs.sort_by(|a, b| a.mb_per_s.total_cmp(&b.mb_per_s));
+        let (min, max) = (runs[0].mb_per_s, runs[runs.len() - 1].mb_per_s);
         let r = runs.swap_remove(runs.len() / 2);
         for l in &r.guest {
             println!("bench:   {l}");
         }
         println!(
-            "bench: net {name}: {:.1} MB/s, {:.1} packets/rx-interrupt, {:.0} interrupts/MB, {:.0} exits/MB (median of {reps}: {})",
+            "bench: net {}: {:.1} MB/s, {:.1} packets/rx-interrupt, {:.0} interrupts/MB, {:.0} exits/MB (median of {reps}, min {min:.1}, max {max:.1}: {})",
+            name(&row),
             r.mb_per_s,
             r.pkts_per_rx_irq,
             r.irqs_per_mb,

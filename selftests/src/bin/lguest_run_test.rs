@@ -14,6 +14,12 @@ use lguest_selftests::{self as t, check, check_eq, fail, skip, TestResult};
 
 use lguest_selftests::{guest, launcher};
 
+/// The launcher's exit statuses (`lguest run --help`).
+const EXIT_LAUNCHER: i32 = 1;
+const EXIT_USAGE: i32 = 2;
+const EXIT_CRASH: i32 = 10;
+const EXIT_KILLED: i32 = 11;
+
 /// What one launcher run produced.
 struct Outcome {
     code: i32,
@@ -116,19 +122,20 @@ fn hello() -> TestResult {
     Ok(())
 }
 
-/// A guest panic reaches the launcher as a crash with the message: status 1.
+/// A guest panic reaches the launcher as a crash with the message: status
+/// 10, not the launcher's own 1.
 fn crash_message() -> TestResult {
     let o = run("guest-ops", &["crash"])?;
-    check_eq!(o.code, 1, format!("exit status ({})", describe(&o)));
+    check_eq!(o.code, EXIT_CRASH, format!("exit status ({})", describe(&o)));
     check!(o.stderr.contains("guest crashed: deliberate crash"), "no crash message: {}", describe(&o));
     Ok(())
 }
 
-/// An invalid hypercall kills the guest with the reason (status 2); the
+/// An invalid hypercall kills the guest with the reason (status 11); the
 /// next guest runs fine.
 fn bad_hypercall() -> TestResult {
     let o = run("guest-ops", &["badcall"])?;
-    check_eq!(o.code, 2, format!("exit status ({})", describe(&o)));
+    check_eq!(o.code, EXIT_KILLED, format!("exit status ({})", describe(&o)));
     check!(o.stderr.contains("guest killed by the host: bad hypercall 9999"), "no kill reason: {}", describe(&o));
     let o = run("guest-ops", &["hello"])?;
     check_eq!(o.code, 0, format!("hello after the kill ({})", describe(&o)));
@@ -183,7 +190,7 @@ fn privileged_instructions() -> TestResult {
     let mut failures = Vec::new();
     for (action, wanted) in &cases {
         let o = run("guest-ops", &[action])?;
-        let killed = o.code == 2 && o.stderr.contains("guest killed by the host:");
+        let killed = o.code == EXIT_KILLED && o.stderr.contains("guest killed by the host:");
         if !killed || !wanted.iter().any(|w| o.stderr.contains(w)) {
             failures.push(format!("{action}: wanted a kill with one of {wanted:?}; {}", describe(&o)));
         }
@@ -208,50 +215,72 @@ fn switcher_unreachable() -> TestResult {
     let addr = format!("{value:x}");
     for (action, err) in [("readswitcher", "0x1"), ("writeswitcher", "0x3")] {
         let o = run("guest-ops", &[action, &addr])?;
-        check_eq!(o.code, 2, format!("{action} exit status ({})", describe(&o)));
+        check_eq!(o.code, EXIT_KILLED, format!("{action} exit status ({})", describe(&o)));
         let want = format!("page fault at {value:#x} (error {err})");
         check!(o.stderr.contains(&want), "{action}: wanted {want:?}: {}", describe(&o));
     }
     let host = "ffffffff81000000";
     let o = run("guest-ops", &["readswitcher", host])?;
     check!(
-        o.code == 2 && o.stderr.contains("page fault at 0xffffffff81000000 (error 0x0)"),
+        o.code == EXIT_KILLED && o.stderr.contains("page fault at 0xffffffff81000000 (error 0x0)"),
         "host text: {}",
         describe(&o)
     );
     Ok(())
 }
 
-/// A guest spinning without hypercalls is stopped by a signal to the
-/// launcher well within a second, and the host keeps running meanwhile.
+/// Whether process `pid` has a handler for `sig` (SigCgt in its status).
+fn catches(pid: i32, sig: i32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:")).map(str::trim).unwrap_or("0");
+    u64::from_str_radix(mask, 16).is_ok_and(|m| m & (1 << (sig - 1)) != 0)
+}
+
+/// A guest spinning without hypercalls is stopped by SIGINT or SIGTERM to
+/// the launcher well within a second, with 128 + N (130, 143) as a shell
+/// would report it, and the host keeps running meanwhile.
 fn signal_stops_spinner() -> TestResult {
-    let mut child = spawn("guest-ops", &["spin"])?;
-    let pid = child.id() as i32;
-    // Let it reach the loop (it says so); the host must stay responsive
-    // meanwhile.
-    check!(child.printed("spinning forever", Duration::from_secs(60)), "the guest never started spinning");
-    let t0 = Instant::now();
-    let mut n = 0u64;
-    while t0.elapsed() < Duration::from_millis(200) {
-        n += std::fs::read_to_string("/proc/uptime").map(|s| s.len() as u64).unwrap_or(0);
+    for (sig, code, name) in [(libc::SIGINT, 130, "SIGINT"), (libc::SIGTERM, 143, "SIGTERM")] {
+        let mut child = spawn("guest-ops", &["spin"])?;
+        let pid = child.id() as i32;
+        // Its handlers must be in place (else the signal's default action
+        // ends it, with the same status but no message), and the guest in
+        // its loop (it says so).
+        check!(
+            t::wait_for(Duration::from_secs(30), || catches(pid, sig)),
+            "{name}: the launcher never installed its handler"
+        );
+        check!(child.printed("spinning forever", Duration::from_secs(60)), "{name}: the guest never started spinning");
+        // The host must stay responsive meanwhile.
+        let t0 = Instant::now();
+        let mut n = 0u64;
+        while t0.elapsed() < Duration::from_millis(200) {
+            n += std::fs::read_to_string("/proc/uptime").map(|s| s.len() as u64).unwrap_or(0);
+        }
+        check!(n > 0, "the host did not answer while the guest spun");
+        // SAFETY: Sending a signal to our own child.
+        unsafe { libc::kill(pid, sig) };
+        let sent = Instant::now();
+        let o = wait(child, Duration::from_secs(5))?;
+        let took = sent.elapsed();
+        check_eq!(o.code, code, format!("{name}: exit status ({})", describe(&o)));
+        check!(o.stderr.contains(&format!("interrupted by {name}")), "{name}: no message: {}", describe(&o));
+        check!(took < Duration::from_secs(1), "{name}: the launcher took {took:?} to stop");
     }
-    check!(n > 0, "the host did not answer while the guest spun");
-    // SAFETY: Sending a signal to our own child.
-    unsafe { libc::kill(pid, libc::SIGINT) };
-    let sent = Instant::now();
-    let o = wait(child, Duration::from_secs(5))?;
-    let took = sent.elapsed();
-    check_eq!(o.code, 130, format!("exit status ({})", describe(&o)));
-    check!(o.stderr.contains("interrupted"), "no message: {}", describe(&o));
-    check!(took < Duration::from_secs(1), "the launcher took {took:?} to stop");
     Ok(())
 }
 
-/// 100000 no-op hypercalls, each a round trip through the switcher.
+/// 100000 no-op hypercalls, each a round trip through the switcher: the
+/// guest counts every one it made, and the host counted at least as many
+/// (`-v`: "N hypercalls" at exit).
 fn hypercall_loop() -> TestResult {
-    let o = run("guest-ops", &["hcalls", "100000"])?;
+    let g = guest("guest-ops");
+    let o = wait(spawn_launcher(&["-v", "run", "--memory", "16M", &g, "hcalls", "100000"])?, Duration::from_secs(600))?;
     check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
-    check!(o.stdout.contains("100000"), "no count in the output: {}", describe(&o));
+    check!(o.stdout.contains("guest-ops: hcalls: made 100000 hypercalls"), "no count in the output: {}", describe(&o));
+    let line = o.stderr.lines().find(|l| l.contains(" hypercalls")).unwrap_or_default();
+    let host: Option<u64> = t::number_before(line, "hypercalls");
+    check!(host.is_some_and(|n| n >= 100_000), "the host counted {host:?} hypercalls: {}", describe(&o));
     Ok(())
 }
 
@@ -342,12 +371,18 @@ fn irq_storm() -> TestResult {
     Ok(())
 }
 
-/// The clock event: N one-shot 1 ms timers each raise exactly one interrupt
-/// (counted by the guest), and no sleep ends early.
+/// The clock event: N one-shot 1 ms sleeps; every wake-up from HALT is
+/// exactly one timer interrupt (the guest counts both and crashes if they
+/// differ), and no sleep is shorter than 1 ms in TSC cycles (the guest
+/// checks its shortest). The host checks the guest's own figures again.
 fn timer_events() -> TestResult {
     let o = run("guest-ops", &["timer", "50"])?;
     check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
-    check!(o.stdout.contains("guest-ops: timer: 50 sleeps"), "{}", describe(&o));
+    let line = o.stdout.lines().find(|l| l.starts_with("guest-ops: timer: 50 sleeps:")).unwrap_or_default();
+    let ticks: Option<u64> = t::number_before(line, "timer");
+    let wakeups: Option<u64> = t::number_before(line, "wake-ups");
+    check!(ticks.is_some() && ticks == wakeups, "interrupts and wake-ups differ: {}", describe(&o));
+    check!(wakeups >= Some(50), "fewer wake-ups than sleeps: {}", describe(&o));
     Ok(())
 }
 
@@ -359,13 +394,39 @@ fn sleeping_guest_idle() -> TestResult {
     // launcher's start costs CPU time on a slow machine).
     check!(child.printed("sleeping 2000 ms", Duration::from_secs(60)), "the guest never went to sleep");
     let (t0, _) = proc_stat(pid);
+    let threads0 = thread_ticks(pid);
     std::thread::sleep(Duration::from_millis(1000));
     let (t1, _) = proc_stat(pid);
+    let threads1 = thread_ticks(pid);
     let o = wait(child, Duration::from_secs(30))?;
     check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
-    println!("# sleeping guest: {} ticks of CPU in 1 s", t1 - t0);
-    check!(t1 - t0 <= 5, "the sleeping guest used {} ticks (over 5% of a CPU)", t1 - t0);
+    // Which thread used them, for a failure.
+    let per: Vec<String> = threads1
+        .iter()
+        .map(|(tid, name, t)| {
+            let before = threads0.iter().find(|(id, _, _)| id == tid).map_or(0, |(_, _, t)| *t);
+            format!("{name}/{tid}: {}", t - before)
+        })
+        .collect();
+    println!("# sleeping guest: {} ticks of CPU in 1 s ({})", t1 - t0, per.join(", "));
+    check!(t1 - t0 <= 5, "the sleeping guest used {} ticks (over 5% of a CPU): {}", t1 - t0, per.join(", "));
     Ok(())
+}
+
+/// (tid, name, utime + stime) of each thread of `pid`.
+fn thread_ticks(pid: i32) -> Vec<(String, String, u64)> {
+    let mut v = Vec::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return v };
+    for e in dir.flatten() {
+        let tid = e.file_name().to_string_lossy().into_owned();
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let name = stat.split_once('(').and_then(|(_, r)| r.rsplit_once(')')).map_or("?", |(n, _)| n).to_string();
+        let f: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+        let ticks = f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+            + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        v.push((tid, name, ticks));
+    }
+    v
 }
 
 /// Pins `pid` (0: the caller) to `cpu`.
@@ -648,11 +709,16 @@ fn sixteen_guests() -> TestResult {
     Ok(())
 }
 
-/// A file that is not a guest image gets a clear launcher error, status 1.
+/// A file that is not a guest image gets a clear launcher error, status 1;
+/// a wrong command line is a usage error, status 2, and no guest runs.
 fn bad_image() -> TestResult {
     let o = wait(spawn_launcher(&["run", "/etc/passwd"])?, Duration::from_secs(30))?;
-    check_eq!(o.code, 1, format!("exit status ({})", describe(&o)));
+    check_eq!(o.code, EXIT_LAUNCHER, format!("exit status ({})", describe(&o)));
     check!(o.stderr.contains("/etc/passwd"), "the error does not name the file: {}", describe(&o));
+    for args in [&["run", "--no-such-option", "x"][..], &["run"][..], &["run", "--memory", "lots", "x"][..]] {
+        let o = wait(spawn_launcher(args)?, Duration::from_secs(30))?;
+        check_eq!(o.code, EXIT_USAGE, format!("{args:?}: exit status ({})", describe(&o)));
+    }
     Ok(())
 }
 
