@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 //! Checks of the test bed itself: the properties of Bochs that the targeted
 //! set of `make bochs-test` relies on (Documentation/dev/testing.rst,
-//! "Bochs"). If one of them did not hold, the other tests would pass there
+//! "make bochs-test"). If one of them did not hold, the other tests would pass there
 //! without having checked what they were chosen for. Under QEMU TCG, which
 //! models neither, they skip with the reason.
 
