@@ -4,7 +4,7 @@
 # `make bochs-test`: the targeted set (selftests/bochs.list) on the second
 # test bed, Bochs 2.7 with its tigerlake CPU model, where a ring-0 #GP on
 # iretq, CET/IBT and global TLB entries are modelled as on hardware
-# (Documentation/dev/testing.rst, "Bochs"). Builds everything with build.sh,
+# (Documentation/dev/testing.rst, "make bochs-test"). Builds everything with build.sh,
 # boots the same bzImage and initramfs as the QEMU runs from a CD image
 # (isolinux), once per CPU count the chosen tests need, and judges the runs
 # with ktap_summary.py like `make test`.
@@ -16,7 +16,6 @@
 #   BOCHS_IPS           Bochs's emulated instructions per second (40000000)
 #   KARGS               extra kernel command-line arguments
 #   BOCHS_NOBUILD=1     boot what is already in $LGUEST_OUT
-#   BOCHS_ON_STOP=FILE  debugger commands for when Bochs gets SIGINT (below)
 # Console logs, KTAP streams and Bochs's own logs go to $CACHE/logs/.
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
@@ -119,11 +118,7 @@ boot() {
 	speaker: enabled=0
 	EOF
 	# The Debian build has the debugger and stops at its prompt: continue.
-	# BOCHS_ON_STOP: a file of debugger commands (r, creg, sreg,
-	# print-stack 32, set $cpu = 1, ...) run when Bochs is stopped with
-	# SIGINT (kill -INT <pid of bochs-bin>); the output goes to the .term
-	# file.
-	{ echo c; [ -z "${BOCHS_ON_STOP:-}" ] || cat "$BOCHS_ON_STOP"; echo quit; } >"$d/dbg.rc"
+	printf 'c\nquit\n' >"$d/dbg.rc"
 	say "booting Bochs ($n CPU$([ "$n" = 1 ] || echo s), watchdog ${WATCHDOG}s): $tests"
 	say "console log: $log"
 	local t0 rc bpid

@@ -118,7 +118,7 @@ pub enum Bed {
     Qemu,
     /// Bochs (`scripts/bochs.sh`): faithful where TCG is not for a ring-0
     /// #GP on `iretq` to a non-canonical RIP, CET/IBT, and global TLB
-    /// entries across CR3 writes (Documentation/dev/testing.rst, "Bochs").
+    /// entries across CR3 writes (Documentation/dev/testing.rst, "make bochs-test").
     Bochs,
 }
 
