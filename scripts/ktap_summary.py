@@ -85,7 +85,7 @@ def scan(label, path):
                 # The program died, timed out or failed outside a test case.
                 failed += 1
                 messages.append(f"{label}: FAIL program {prog}{rest}")
-    if not any(l.startswith("lguest-harness: done") for l in lines):
+    if not any(l.startswith("lguest-harness: done") for l in lines + ktap):
         failed += 1
         messages.append(f"{label}: the host did not reach the end of the run (crash, hang or watchdog)")
     for l in lines:
