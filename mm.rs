@@ -116,10 +116,9 @@ impl GuestMemory {
             let chunk = core::cmp::min(npages - done, 1 << 16);
             let start = base + (done as u64) * PAGE_SIZE;
             let room = mem.pages.spare_capacity_mut();
-            // SAFETY: `room` has space for at least `chunk` pointers (the
-            // capacity is `npages`); the range is user memory of the current
-            // process (pin_user_pages_fast checks it). `usize` and
-            // `*mut page` have the same layout.
+            // SAFETY: `room` holds `chunk` pointers (capacity `npages`), of
+            // the layout of `*mut page`; pin_user_pages_fast checks the range
+            // is user memory of the current process.
             let got = unsafe {
                 bindings::pin_user_pages_fast(
                     start as _,

@@ -554,58 +554,32 @@ fn check_busy_done(o: &Outcome) -> TestResult {
 /// Freezing the launcher's cgroup (cgroup v2 `cgroup.freeze`) stops the
 /// guest: no CPU time while frozen; thawed, it finishes intact.
 fn cgroup_freeze() -> TestResult {
-    let cg = "/sys/fs/cgroup/lguest-test";
     if !std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
         skip!("cgroup v2 is not mounted at /sys/fs/cgroup");
     }
-    let _ = std::fs::create_dir(cg);
     let child = spawn("guest-ops", BUSY)?;
-    let pid = child.id() as i32;
-    let res = (|| -> Result<(), t::NotPassed> {
-        if let Err(e) = std::fs::write(format!("{cg}/cgroup.procs"), pid.to_string()) {
-            fail!("moving the launcher into {cg}: {e}");
-        }
+    let o = freeze_and_thaw("lguest-test", child, "frozen launcher", |_| {
         std::thread::sleep(Duration::from_millis(200));
-        if let Err(e) = std::fs::write(format!("{cg}/cgroup.freeze"), "1") {
-            fail!("freezing: {e}");
-        }
-        let frozen = t::wait_for(Duration::from_secs(10), || {
-            std::fs::read_to_string(format!("{cg}/cgroup.events")).map(|s| s.contains("frozen 1")).unwrap_or(false)
-        });
-        check!(frozen, "the cgroup did not report frozen within 10 s");
-        let (t0, _) = proc_stat(pid);
-        std::thread::sleep(Duration::from_millis(700));
-        let (t1, state) = proc_stat(pid);
-        println!("# frozen launcher: state {state}, {} ticks of CPU in 0.7 s", t1 - t0);
-        check!(t1 - t0 <= 1, "the frozen launcher used {} ticks of CPU", t1 - t0);
-        if let Err(e) = std::fs::write(format!("{cg}/cgroup.freeze"), "0") {
-            fail!("thawing: {e}");
-        }
         Ok(())
-    })();
-    let o = wait(child, Duration::from_secs(120));
-    let _ = std::fs::write(format!("{cg}/cgroup.freeze"), "0");
-    let _ = std::fs::write("/sys/fs/cgroup/cgroup.procs", pid.to_string());
-    let _ = std::fs::remove_dir(cg);
-    res?;
-    check_busy_done(&o?)
+    })?;
+    check_busy_done(&o)
 }
 
-/// A guest halted in HALT (its vCPU thread asleep in RUN, with no lock
-/// held) is frozen by the cgroup freezer like any sleeping task: the
-/// cgroup reports frozen, the launcher uses no CPU, and after the thaw the
-/// guest wakes at its timer and finishes. (With lockdep on, in `make
-/// debug-test`, a freeze with a lock held would also be reported.)
-fn cgroup_freeze_halted() -> TestResult {
-    let cg = "/sys/fs/cgroup/lguest-test-halted";
-    if !std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
-        skip!("cgroup v2 is not mounted at /sys/fs/cgroup");
-    }
-    let _ = std::fs::create_dir(cg);
-    let mut child = spawn("guest-ops", &["sleep", "3000"])?;
+/// Once `ready` has seen the launcher `child` where the test wants it,
+/// moves it into a new cgroup `name`, freezes that, checks that the cgroup
+/// reports frozen and the launcher uses no CPU (`what` names it in the
+/// output), thaws it and waits for the launcher's end.
+fn freeze_and_thaw(
+    name: &str,
+    mut child: Guest,
+    what: &str,
+    ready: impl FnOnce(&mut Guest) -> TestResult,
+) -> Result<Outcome, t::NotPassed> {
+    let cg = format!("/sys/fs/cgroup/{name}");
+    let _ = std::fs::create_dir(&cg);
     let pid = child.id() as i32;
-    let res = (|| -> Result<(), t::NotPassed> {
-        check!(child.printed("sleeping 3000 ms", Duration::from_secs(60)), "the guest never went to sleep");
+    let res = (|| -> TestResult {
+        ready(&mut child)?;
         if let Err(e) = std::fs::write(format!("{cg}/cgroup.procs"), pid.to_string()) {
             fail!("moving the launcher into {cg}: {e}");
         }
@@ -615,12 +589,12 @@ fn cgroup_freeze_halted() -> TestResult {
         let frozen = t::wait_for(Duration::from_secs(30), || {
             std::fs::read_to_string(format!("{cg}/cgroup.events")).map(|s| s.contains("frozen 1")).unwrap_or(false)
         });
-        check!(frozen, "the cgroup with a halted guest did not report frozen within 30 s");
+        check!(frozen, "{what}: the cgroup did not report frozen within 30 s");
         let (t0, _) = proc_stat(pid);
         std::thread::sleep(Duration::from_millis(700));
         let (t1, state) = proc_stat(pid);
-        println!("# frozen launcher with a halted guest: state {state}, {} ticks of CPU in 0.7 s", t1 - t0);
-        check!(t1 - t0 <= 1, "the frozen launcher used {} ticks of CPU", t1 - t0);
+        println!("# {what}: state {state}, {} ticks of CPU in 0.7 s", t1 - t0);
+        check!(t1 - t0 <= 1, "{what}: used {} ticks of CPU", t1 - t0);
         if let Err(e) = std::fs::write(format!("{cg}/cgroup.freeze"), "0") {
             fail!("thawing: {e}");
         }
@@ -629,9 +603,25 @@ fn cgroup_freeze_halted() -> TestResult {
     let o = wait(child, Duration::from_secs(120));
     let _ = std::fs::write(format!("{cg}/cgroup.freeze"), "0");
     let _ = std::fs::write("/sys/fs/cgroup/cgroup.procs", pid.to_string());
-    let _ = std::fs::remove_dir(cg);
+    let _ = std::fs::remove_dir(&cg);
     res?;
-    let o = o?;
+    o
+}
+
+/// A guest halted in HALT (its vCPU thread asleep in RUN, with no lock
+/// held) is frozen by the cgroup freezer like any sleeping task: the
+/// cgroup reports frozen, the launcher uses no CPU, and after the thaw the
+/// guest wakes at its timer and finishes. (With lockdep on, in `make
+/// debug-test`, a freeze with a lock held would also be reported.)
+fn cgroup_freeze_halted() -> TestResult {
+    if !std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        skip!("cgroup v2 is not mounted at /sys/fs/cgroup");
+    }
+    let child = spawn("guest-ops", &["sleep", "3000"])?;
+    let o = freeze_and_thaw("lguest-test-halted", child, "frozen launcher with a halted guest", |g| {
+        check!(g.printed("sleeping 3000 ms", Duration::from_secs(60)), "the guest never went to sleep");
+        Ok(())
+    })?;
     check_eq!(o.code, 0, format!("exit status after the thaw ({})", describe(&o)));
     Ok(())
 }
