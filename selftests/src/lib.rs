@@ -340,6 +340,63 @@ pub fn meminfo(key: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// A memory cgroup (cgroup v2) holding this whole process while it lives:
+/// the module allocates its shadow tables and run pages with
+/// `GFP_KERNEL_ACCOUNT`, so they are charged to it and `kernel()` counts
+/// exactly the kernel memory this process holds, unlike MemFree, which the
+/// rest of the system moves by megabytes between two readings. Dropping it
+/// moves the process back to the root cgroup and removes the group.
+pub struct MemCgroup {
+    path: String,
+}
+
+impl MemCgroup {
+    /// Creates `/sys/fs/cgroup/<name>` with the memory controller and moves
+    /// this process into it. `Err` says why it cannot (no cgroup v2, no
+    /// memory controller): a reason to skip.
+    pub fn enter(name: &str) -> Result<Self, String> {
+        let root = "/sys/fs/cgroup";
+        let controllers = std::fs::read_to_string(format!("{root}/cgroup.controllers"))
+            .map_err(|e| format!("cgroup v2 is not mounted at {root}: {e}"))?;
+        if !controllers.split_whitespace().any(|c| c == "memory") {
+            return Err(format!("no memory controller in {root}/cgroup.controllers (CONFIG_MEMCG)"));
+        }
+        std::fs::write(format!("{root}/cgroup.subtree_control"), "+memory")
+            .map_err(|e| format!("enabling the memory controller: {e}"))?;
+        let path = format!("{root}/{name}");
+        if let Err(e) = std::fs::create_dir(&path) {
+            if e.kind() != io::ErrorKind::AlreadyExists {
+                return Err(format!("mkdir {path}: {e}"));
+            }
+        }
+        let cg = MemCgroup { path };
+        std::fs::write(format!("{}/cgroup.procs", cg.path), std::process::id().to_string())
+            .map_err(|e| format!("moving into {}: {e}", cg.path))?;
+        Ok(cg)
+    }
+
+    /// A field of the group's `memory.stat`, in bytes.
+    pub fn stat(&self, key: &str) -> u64 {
+        std::fs::read_to_string(format!("{}/memory.stat", self.path))
+            .ok()
+            .and_then(|s| s.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok()))
+            .unwrap_or(0)
+    }
+
+    /// The kernel memory charged to the group (`memory.stat` "kernel"), in
+    /// KiB.
+    pub fn kernel(&self) -> u64 {
+        self.stat("kernel") / 1024
+    }
+}
+
+impl Drop for MemCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write("/sys/fs/cgroup/cgroup.procs", std::process::id().to_string());
+        let _ = std::fs::remove_dir(&self.path);
+    }
+}
+
 /// The launcher (`$LGUEST_BIN`, default /usr/bin/lguest).
 pub fn launcher() -> String {
     std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into())
