@@ -55,6 +55,7 @@ fn name(nr: u64) -> &'static str {
         uapi::LHCALL_LOAD_GDT_ENTRY => "LOAD_GDT_ENTRY",
         uapi::LHCALL_SEND_INTERRUPTS => "SEND_INTERRUPTS",
         uapi::LHCALL_IRET_USER => "IRET_USER",
+        uapi::LHCALL_SET_SYSCALL => "SET_SYSCALL",
         _ => "unknown",
     }
 }
@@ -179,6 +180,13 @@ fn dispatch(
             Ok(None)
         }
         uapi::LHCALL_IRET_USER => iret_user(vm, index).map(|()| None),
+        uapi::LHCALL_SET_SYSCALL => {
+            if a.arg1 >= uapi::GUEST_VA_END {
+                return kill!("SET_SYSCALL: entry {:#x} is not a guest address", a.arg1);
+            }
+            vm.vcpus[index].syscall_entry = a.arg1;
+            Ok(None)
+        }
         uapi::LHCALL_TS | uapi::LHCALL_LOAD_TLS | uapi::LHCALL_LOAD_GDT_ENTRY => {
             kill!("hypercall {} is not supported by this host yet", name(nr))
         }

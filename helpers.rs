@@ -51,6 +51,10 @@ mod ffi {
         pub(super) fn lg_refusal_text(n: u32) -> *const core::ffi::c_char;
         pub(super) fn lg_user_shstk() -> bool;
         pub(super) fn lg_meltdown_without_pti() -> bool;
+        pub(super) fn lg_fpu_xsave_mask() -> u64;
+        pub(super) fn lg_fpu_begin();
+        pub(super) fn lg_fpu_end();
+        pub(super) fn lg_clear_xfd_err();
         pub(super) fn lg_eventfd_get(fd: i32, err: *mut i32) -> *mut core::ffi::c_void;
         pub(super) fn lg_eventfd_signal(ctx: *mut core::ffi::c_void);
         pub(super) fn lg_eventfd_put(ctx: *mut core::ffi::c_void);
@@ -203,6 +207,42 @@ pub(crate) fn host_refusal_text(kind: Refusal) -> Option<&'static core::ffi::CSt
 pub(crate) fn user_shstk() -> bool {
     // SAFETY: Reads the boot CPU's feature bits.
     unsafe { ffi::lg_user_shstk() }
+}
+
+/// The XSAVE components a guest's FPU state holds (0: no XSAVE, FXSAVE is
+/// used); see `lg_fpu_xsave_mask`.
+pub(crate) fn fpu_xsave_mask() -> u64 {
+    // SAFETY: Reads XCR0 and CPUID leaf 0xd; no side effects.
+    unsafe { ffi::lg_fpu_xsave_mask() }
+}
+
+/// Clears XFD_ERR (where the CPU has XFD), as the host's #NM handler would.
+pub(crate) fn clear_xfd_err() {
+    // SAFETY: XFD_ERR only reports the last XFD fault; zero is its idle
+    // value, and nothing but the #NM handler reads it.
+    unsafe { ffi::lg_clear_xfd_err() }
+}
+
+/// `kernel_fpu_begin`, for a guest's FPU state.
+///
+/// # Safety
+///
+/// Interrupts must be off, and stay off until the matching [`fpu_end`],
+/// which must come on this CPU before they go back on; no other kernel FPU
+/// section may be open.
+pub(crate) unsafe fn fpu_begin() {
+    // SAFETY: The caller keeps interrupts off for the whole section.
+    unsafe { ffi::lg_fpu_begin() }
+}
+
+/// `kernel_fpu_end`.
+///
+/// # Safety
+///
+/// Closes the section [`fpu_begin`] opened, interrupts still off.
+pub(crate) unsafe fn fpu_end() {
+    // SAFETY: As the caller promises.
+    unsafe { ffi::lg_fpu_end() }
 }
 
 /// The CPU is affected by Meltdown and page-table isolation is off.

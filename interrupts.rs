@@ -127,6 +127,50 @@ pub(crate) fn deliver(vm: &mut Vm, index: usize, vector: u64, error: u64) -> Res
     if gate.handler == 0 {
         return Ok(false);
     }
+    let error = has_error_code(vector).then_some(error);
+    enter_kernel(vm, index, vector, error, gate.handler, gate.interrupt)
+}
+
+/// A user-mode `syscall` at RIP (the host saw its #UD): enters the guest
+/// kernel at its `LHCALL_SET_SYSCALL` entry as described there.
+/// `Ok(false)`: no entry, or not `syscall` at RIP (the #UD stands).
+fn deliver_syscall(vm: &mut Vm, index: usize) -> Result<bool, Kill> {
+    const SYSCALL: [u8; 2] = [0x0f, 0x05];
+    let v = &vm.vcpus[index];
+    let (entry, rip) = (v.syscall_entry, v.cpu.regs.rip);
+    if entry == 0 || !v.user_mode {
+        return Ok(false);
+    }
+    let mut insn = [0u8; 2];
+    if vm.read_guest_va(rip, &mut insn).is_err() || insn != SYSCALL {
+        return Ok(false);
+    }
+    let user_flags =
+        GuestCpu::sanitize_flags(vm.vcpus[index].cpu.regs.rflags) | uapi::X86_EFLAGS_IF;
+    vm.vcpus[index].cpu.regs.rip = rip + 2;
+    if !enter_kernel(vm, index, SYSCALL_EVENT, None, entry, true)? {
+        return Ok(false);
+    }
+    let r = &mut vm.vcpus[index].cpu.regs;
+    r.rcx = rip + 2;
+    r.r11 = user_flags;
+    Ok(true)
+}
+
+/// The pseudo-vector of a `syscall` event, for messages.
+const SYSCALL_EVENT: u64 = 0x100;
+
+/// Enters the guest kernel at `handler` for event `vector` (pushing `error`
+/// if there is one), as [`deliver`] describes; `interrupt`: virtual
+/// interrupts off (an interrupt gate, or `syscall`).
+fn enter_kernel(
+    vm: &mut Vm,
+    index: usize,
+    vector: u64,
+    error: Option<u64>,
+    handler: u64,
+    interrupt: bool,
+) -> Result<bool, Kill> {
     let Some(ld) = vm.vcpus[index].lguest_data else {
         return Ok(false);
     };
@@ -150,7 +194,7 @@ pub(crate) fn deliver(vm: &mut Vm, index: usize, vector: u64, error: u64) -> Res
     };
     let mut frame = [0u64; 6];
     let mut n = 0;
-    if has_error_code(vector) {
+    if let Some(error) = error {
         frame[n] = error;
         n += 1;
     }
@@ -171,9 +215,9 @@ pub(crate) fn deliver(vm: &mut Vm, index: usize, vector: u64, error: u64) -> Res
     vm.vcpus[index].user_mode = false;
     let r = &mut vm.vcpus[index].cpu.regs;
     r.rsp = new_rsp;
-    r.rip = gate.handler;
+    r.rip = handler;
     r.rflags &= !X86_EFLAGS_TF;
-    if gate.interrupt {
+    if interrupt {
         write_ld(vm, ld, offset_of!(LguestData, irq_enabled), 0)?;
     }
     if crate::hcall::write_time(vm, ld).is_err() {
@@ -239,6 +283,11 @@ pub(crate) fn hardware_trap(
                 return Ok(());
             }
         }
+    }
+    // SYSCALL is off while a guest runs (it would enter the host): its #UD
+    // in user mode is the guest's system call.
+    if vector == 6 && deliver_syscall(vm, index)? {
+        return Ok(());
     }
     let syscall = uapi::LGUEST_SYSCALL_VECTOR as u64;
     if vector == 13

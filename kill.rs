@@ -44,7 +44,7 @@ pub(crate) fn trap_name(vector: u64) -> &'static str {
         4 => "#OF overflow",
         5 => "#BR bound range",
         6 => "#UD invalid opcode",
-        7 => "#NM device not available (FPU/SSE use)",
+        7 => "#NM device not available (an XFD-armed component: AMX)",
         10 => "#TS invalid TSS",
         11 => "#NP segment not present",
         12 => "#SS stack fault",

@@ -24,6 +24,10 @@
 #include <asm/tlbflush.h>
 #include <asm/processor.h>
 #include <asm/cpufeature.h>
+#include <asm/cpuid/api.h>
+#include <asm/fpu/api.h>
+#include <asm/fpu/xcr.h>
+#include <asm/fpu/xstate.h>
 #include <asm/mce.h>
 #include <asm/ptrace.h>
 #include <linux/cc_platform.h>
@@ -368,4 +372,61 @@ bool lg_user_shstk(void)
 bool lg_meltdown_without_pti(void)
 {
 	return boot_cpu_has_bug(X86_BUG_CPU_MELTDOWN) && !boot_cpu_has(X86_FEATURE_PTI);
+}
+
+/*
+ * The guest's FPU. The XSAVE components a guest's state holds: the host's
+ * XCR0 less PKRU (the switcher keeps PKRU apart), the AMX components (their
+ * use is armed by XFD per task, and their 8 KiB do not fit) and any the
+ * module does not know, each of which must lie within the one page that
+ * holds a vCPU's state (standard format). 0 without XSAVE: FXSAVE then.
+ */
+u64 lg_fpu_xsave_mask(void)
+{
+	u64 known = XFEATURE_MASK_FPSSE | XFEATURE_MASK_YMM | XFEATURE_MASK_BNDREGS |
+		    XFEATURE_MASK_BNDCSR | XFEATURE_MASK_AVX512 | XFEATURE_MASK_APX;
+	u64 mask;
+	int i;
+
+	if (!cpu_feature_enabled(X86_FEATURE_OSXSAVE))
+		return 0;
+	mask = xgetbv(XCR_XFEATURE_ENABLED_MASK) & known;
+	for (i = 2; i < 64; i++) {
+		u32 size, offset, ecx, edx;
+
+		if (!(mask & BIT_ULL(i)))
+			continue;
+		cpuid_count(CPUID_LEAF_XSTATE, i, &size, &offset, &ecx, &edx);
+		if (!size || (u64)offset + size > PAGE_SIZE)
+			mask &= ~BIT_ULL(i);
+	}
+	return mask;
+}
+
+/*
+ * The bracket around a guest's run with its FPU state loaded, called with
+ * interrupts off: kernel_fpu_begin saves the task's user state (once, until
+ * it returns to user mode, which reloads it) and keeps any other kernel FPU
+ * user off this CPU until kernel_fpu_end. With interrupts off neither
+ * takes the bottom-half lock, and nothing can preempt the bracket.
+ */
+void lg_fpu_begin(void)
+{
+	kernel_fpu_begin_mask(0);
+}
+
+void lg_fpu_end(void)
+{
+	kernel_fpu_end();
+}
+
+/*
+ * A guest's #NM with its FPU live comes from XFD (a component the launcher's
+ * task has not asked for, AMX): the hardware recorded it in XFD_ERR, which
+ * the host's own #NM handler would have cleared.
+ */
+void lg_clear_xfd_err(void)
+{
+	if (cpu_feature_enabled(X86_FEATURE_XFD))
+		wrmsrq(MSR_IA32_XFD_ERR, 0);
 }

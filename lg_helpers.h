@@ -48,6 +48,10 @@ const char *lg_host_refusal(void);
 const char *lg_refusal_text(unsigned int n);
 bool lg_user_shstk(void);
 bool lg_meltdown_without_pti(void);
+u64 lg_fpu_xsave_mask(void);
+void lg_fpu_begin(void);
+void lg_fpu_end(void);
+void lg_clear_xfd_err(void);
 
 struct eventfd_ctx;
 struct eventfd_ctx *lg_eventfd_get(int fd, int *err);

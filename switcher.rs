@@ -26,6 +26,7 @@ use crate::{
     helpers,
     irq::VcpuIrq,
     mm::{
+        HostPage,
         ShadowTable,
         PAGE_SIZE,
         PTE_A,
@@ -239,7 +240,7 @@ struct HostState {
     pkru: u32,
     pkru_on: u32,
     cet_on: u32,
-    _p6: u32,
+    guest_fpu: u32,
     u_cet: u64,
     pl3_ssp: u64,
     _pad: [u8; 4096 - 208],
@@ -364,6 +365,7 @@ asm_offset! {
     "LG_HOST_PKRU" => host.pkru;
     "LG_PKRU_ON" => host.pkru_on;
     "LG_CET_ON" => host.cet_on;
+    "LG_GUEST_FPU" => host.guest_fpu;
     "LG_HOST_U_CET" => host.u_cet;
     "LG_HOST_PL3_SSP" => host.pl3_ssp;
 }
@@ -395,6 +397,51 @@ pub(crate) enum Exit {
         error: u64,
         offset: u64,
     },
+    /// The guest's first x87, SSE or AVX instruction raised #NM (CR0.TS):
+    /// its FPU state is loaded from now on, and the instruction runs again.
+    FpuLoaded,
+}
+
+/// A vCPU's FPU state (x87, MXCSR, the XMM, YMM, ZMM and opmask registers:
+/// the components of [`Switcher`]'s XSAVE mask), in one page in XSAVE's
+/// standard format (FXSAVE's where the CPU has no XSAVE).
+///
+/// Until the guest first uses the FPU the state is not loaded and the guest
+/// runs with CR0.TS set; from its first #NM on, [`Switcher::run_once`]
+/// loads the state after `kernel_fpu_begin` (with interrupts off) and saves
+/// it before `kernel_fpu_end`, around each entry: the guest's registers are
+/// in the CPU only inside that section, so the launcher's own FPU state
+/// (saved by `kernel_fpu_begin`, reloaded on its return to user mode) and
+/// any other kernel FPU user never see them, whatever preemption, migration
+/// or signals do between entries.
+pub(crate) struct GuestFpu {
+    area: HostPage,
+    active: bool,
+}
+
+impl GuestFpu {
+    /// The initial state: x87 and SSE as after `fninit` and reset (FCW
+    /// 0x37f, MXCSR 0x1f80), every other component in its init state (the
+    /// XSAVE header is zero).
+    pub(crate) fn new() -> Result<Self> {
+        let area = HostPage::new()?;
+        // SAFETY: The page is ours and zeroed; FCW is the u16 at offset 0
+        // and MXCSR the u32 at offset 24 of the legacy area.
+        unsafe {
+            area.va().cast::<u16>().write(0x37f);
+            area.va().add(24).cast::<u32>().write(0x1f80);
+        }
+        Ok(Self {
+            area,
+            active: false,
+        })
+    }
+
+    /// Whether the guest has used its FPU (its state is loaded for each
+    /// entry).
+    pub(crate) fn active(&self) -> bool {
+        self.active
+    }
 }
 
 /// The per-vCPU state the switcher loads and saves.
@@ -576,6 +623,8 @@ pub(crate) struct Switcher {
     text: KVec<(u64, u64)>,
     pcid: bool,
     levels: u32,
+    /// The XSAVE components of a guest's FPU state; 0: FXSAVE.
+    xsave_mask: u64,
 }
 
 // SAFETY: Each block is used only by its own CPU with interrupts off; the
@@ -635,17 +684,21 @@ impl Switcher {
                 text,
                 pcid: cr4 & CR4_PCIDE != 0,
                 levels: if cr4 & CR4_LA57 != 0 { 5 } else { 4 },
+                xsave_mask: helpers::fpu_xsave_mask(),
             },
             GFP_KERNEL,
         )?;
+        let fpu_by = if s.xsave_mask != 0 { "XSAVE" } else { "FXSAVE" };
         pr_info!(
-            "switcher at {:#x} ({} text pages), {} CPUs, {}-level paging{}{}\n",
+            "switcher at {:#x} ({} text pages), {} CPUs, {}-level paging{}{}, guest FPU by {} {:#x}\n",
             start,
             s.text.len(),
             ncpus,
             s.levels,
             if s.pcid { ", PCID" } else { "" },
-            if cet { ", user shadow stacks" } else { "" }
+            if cet { ", user shadow stacks" } else { "" },
+            fpu_by,
+            s.xsave_mask
         );
         SWITCHER.store(KBox::into_raw(s), Ordering::Release);
         Ok(())
@@ -723,6 +776,7 @@ impl Switcher {
         &self,
         shadow: &mut ShadowTable,
         vcpu: &mut GuestCpu,
+        fpu: &mut GuestFpu,
         irq: &VcpuIrq,
         seen: u64,
     ) -> Result<Exit> {
@@ -754,6 +808,7 @@ impl Switcher {
             b.host.guest_cr3 = shadow.root_phys();
             b.host.guest_fs_base = vcpu.fs_base;
             b.host.guest_gs_base = vcpu.gs_base;
+            b.host.guest_fpu = fpu.active as u32;
             // The host's per-CPU segment and IST1-4 stacks, as they are now
             // (a CPU brought up after the module loaded has them only now).
             let host_gdt = helpers::gdt_rw(cpu as u32) as *const u64;
@@ -788,10 +843,22 @@ impl Switcher {
             f[slot::SS] = uapi::LGUEST_GUEST_SS;
         }
 
+        if fpu.active {
+            // SAFETY: Interrupts are off (`_irqs_off`) and stay off until
+            // the `fpu_end` right after the switch; no FPU section is open
+            // in this (task) context.
+            unsafe { helpers::fpu_begin() };
+            self.fpu_load(fpu);
+        }
         // SAFETY: Interrupts are off (`_irqs_off`), `block` is this CPU's
         // block, set up in `CpuBlock::init` and just now, and `shadow` maps
         // the switcher text (`map_into`) and this block (`map_block`).
         unsafe { helpers::switch_to_guest(block.cast()) };
+        if fpu.active {
+            self.fpu_save(fpu);
+            // SAFETY: Closes the section opened above, interrupts still off.
+            unsafe { helpers::fpu_end() };
+        }
 
         // SAFETY: As above: the switcher has returned, so this code is again
         // the only user of the block.
@@ -898,11 +965,71 @@ impl Switcher {
             Self::deliver_to_host(idt, vector);
             return Ok(Exit::HostEvent);
         }
+        if vector == 7 {
+            if !fpu.active {
+                fpu.active = true;
+                return Ok(Exit::FpuLoaded);
+            }
+            // With the state loaded, a #NM is XFD's (a component the
+            // launcher's task has not been given): the guest's trap.
+            helpers::clear_xfd_err();
+        }
         Ok(Exit::Trap {
             vector,
             error: f[slot::ERROR],
             cr2: b.host.guest_cr2,
         })
+    }
+
+    /// Loads `fpu`'s state into this CPU's FPU registers.
+    fn fpu_load(&self, fpu: &GuestFpu) {
+        let area = fpu.area.va();
+        if self.xsave_mask != 0 {
+            // SAFETY: `area` is a page-aligned page holding an XSAVE image
+            // in the standard format: the initial one of `GuestFpu::new`
+            // (a zero header, valid FCW and MXCSR) or one XSAVE wrote, with
+            // the same mask, which only the CPU has written to since.
+            // Called inside a kernel FPU section, so the registers are ours
+            // to change. The kernel's Rust code uses no FPU or SIMD
+            // registers.
+            unsafe {
+                core::arch::asm!(
+                    "xrstor64 [{area}]",
+                    area = in(reg) area,
+                    in("eax") self.xsave_mask as u32,
+                    in("edx") (self.xsave_mask >> 32) as u32,
+                    options(nostack, readonly),
+                )
+            };
+        } else {
+            // SAFETY: As above, for an FXSAVE image (16-byte aligned).
+            unsafe {
+                core::arch::asm!("fxrstor64 [{area}]", area = in(reg) area, options(nostack, readonly))
+            };
+        }
+    }
+
+    /// Saves this CPU's FPU registers (the guest's) into `fpu`.
+    fn fpu_save(&self, fpu: &mut GuestFpu) {
+        let area = fpu.area.va();
+        if self.xsave_mask != 0 {
+            // SAFETY: `area` is a page-aligned page we own (the image of the
+            // mask's components fits in it: `lg_fpu_xsave_mask`); called in
+            // the kernel FPU section `fpu_load` began, so the registers
+            // hold the guest's state.
+            unsafe {
+                core::arch::asm!(
+                    "xsave64 [{area}]",
+                    area = in(reg) area,
+                    in("eax") self.xsave_mask as u32,
+                    in("edx") (self.xsave_mask >> 32) as u32,
+                    options(nostack),
+                )
+            };
+        } else {
+            // SAFETY: As above, with FXSAVE's 512 bytes.
+            unsafe { core::arch::asm!("fxsave64 [{area}]", area = in(reg) area, options(nostack)) };
+        }
     }
 
     /// Runs the host's handler for external interrupt `vector`, from the

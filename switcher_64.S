@@ -121,6 +121,7 @@
 #define LG_HOST_PKRU		16560
 #define LG_PKRU_ON		16564
 #define LG_CET_ON		16568
+#define LG_GUEST_FPU		16572
 #define LG_HOST_U_CET		16576
 #define LG_HOST_PL3_SSP		16584
 
@@ -271,10 +272,19 @@ SYM_INNER_LABEL(lguest_entry_window, SYM_L_GLOBAL)
 	xor	%edx, %edx
 	wrmsr
 2:
-	/* The guest has no FPU: any x87/SSE instruction raises #NM. */
+	/*
+	 * A guest whose FPU state is not loaded (it has not used the FPU
+	 * yet) runs with CR0.TS set: its first x87, SSE or AVX instruction
+	 * raises #NM, and the host loads its state from then on. With the
+	 * state loaded (by run_once, inside kernel_fpu_begin) TS stays clear,
+	 * as the host has it.
+	 */
+	cmpl	$0, LG_GUEST_FPU(%rdi)
+	jne	3f
 	mov	%cr0, %rax
 	or	$X86_CR0_TS, %rax
 	mov	%rax, %cr0
+3:
 	/* Last, the guest's address space. Only this text and pages 0-3 remain. */
 	mov	LG_GUEST_CR3(%rdi), %rax
 	mov	%rax, %cr3

@@ -52,6 +52,7 @@ use crate::{
     switcher::{
         Exit,
         GuestCpu,
+        GuestFpu,
         Switcher, //
     },
     uapi::{
@@ -86,6 +87,8 @@ pub(crate) enum RunStep {
 pub(crate) struct Vcpu {
     /// Registers and what the switcher needs.
     pub(crate) cpu: GuestCpu,
+    /// The guest's FPU, SSE and AVX state.
+    fpu: GuestFpu,
     /// The guest's interrupt descriptor table (`LHCALL_LOAD_IDT_ENTRY`).
     pub(crate) idt: KBox<[GuestGate; 256]>,
     /// Interrupt sources, shared with the timer and other threads.
@@ -108,10 +111,15 @@ pub(crate) struct Vcpu {
     /// The guest kernel's stack for entries from user mode
     /// (`LHCALL_SET_STACK`); 0 until set.
     pub(crate) kernel_stack: u64,
+    /// The guest kernel's entry for user-mode `syscall`
+    /// (`LHCALL_SET_SYSCALL`); 0: none, `syscall` is #UD.
+    pub(crate) syscall_entry: u64,
     stat_exits: u64,
     pub(crate) stat_hypercalls: u64,
     /// Shadow page-table pages of the VM, as of the last exit.
     stat_shadow_pages: u64,
+    /// Entries with the FPU state loaded.
+    stat_fpu_entries: u64,
 }
 
 /// The shadow tables of one guest root: the guest kernel's view (every
@@ -281,6 +289,7 @@ impl Vm {
         self.vcpus.push(
             Vcpu {
                 cpu,
+                fpu: GuestFpu::new()?,
                 idt: KBox::new([GuestGate::default(); 256], GFP_KERNEL)?,
                 irq,
                 clock: None,
@@ -291,9 +300,11 @@ impl Vm {
                 next_hcall: 0,
                 user_mode: false,
                 kernel_stack: 0,
+                syscall_entry: 0,
                 stat_exits: 0,
                 stat_hypercalls: 0,
                 stat_shadow_pages: 0,
+                stat_fpu_entries: 0,
             },
             GFP_KERNEL,
         )?;
@@ -389,12 +400,14 @@ impl Vm {
             } else {
                 &mut self.shadow.kernel
             };
-            let exit = sw.run_once(shadow, &mut vcpu.cpu, &vcpu.irq, seen)?;
+            let fpu_loaded = vcpu.fpu.active();
+            let exit = sw.run_once(shadow, &mut vcpu.cpu, &mut vcpu.fpu, &vcpu.irq, seen)?;
             vcpu.stat_exits += 1;
+            vcpu.stat_fpu_entries += fpu_loaded as u64;
             let user_mode = vcpu.user_mode;
             let (vector, error, cr2) = match exit {
                 Exit::Trap { vector, error, cr2 } => (vector, error, cr2),
-                Exit::Aborted | Exit::HostEvent => continue,
+                Exit::Aborted | Exit::HostEvent | Exit::FpuLoaded => continue,
                 Exit::MachineCheck => {
                     // Work the handler queued (a memory-failure kill) runs on
                     // the return to user mode.
@@ -637,6 +650,7 @@ impl Vcpu {
             core::ptr::addr_of_mut!((*r).stat_exits).write_volatile(self.stat_exits);
             core::ptr::addr_of_mut!((*r).stat_hypercalls).write_volatile(self.stat_hypercalls);
             core::ptr::addr_of_mut!((*r).stat_shadow_pages).write_volatile(self.stat_shadow_pages);
+            core::ptr::addr_of_mut!((*r).stat_fpu_entries).write_volatile(self.stat_fpu_entries);
             let msg = core::ptr::addr_of_mut!((*r).message).cast::<u8>();
             for (i, &b) in message[..n].iter().enumerate() {
                 msg.add(i).write_volatile(b);

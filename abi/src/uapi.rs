@@ -286,8 +286,11 @@ pub struct LguestRun {
     /// Shadow page-table pages the VM holds (all roots, kernel and user
     /// tables, switcher mappings included), as of this exit.
     pub stat_shadow_pages: u64,
+    /// Number of entries with the guest's FPU state loaded (one XRSTOR and
+    /// one XSAVE each): 0 for a guest that never used x87, SSE or AVX.
+    pub stat_fpu_entries: u64,
     /// Reserved for later exit data.
-    pub reserved: [u64; 9],
+    pub reserved: [u64; 8],
     /// For `LGUEST_EXIT_SHUTDOWN` and `LGUEST_EXIT_KILLED`: a NUL-terminated
     /// message (the guest's, or the host's reason for the kill).
     pub message: [u8; LGUEST_MESSAGE_LEN],
@@ -385,6 +388,21 @@ pub const LHCALL_SEND_INTERRUPTS: u64 = 19;
 /// mode always runs with them on). Needs the guest's own page tables
 /// (`LHCALL_NEW_PGTABLE`) and a kernel stack (`LHCALL_SET_STACK`).
 pub const LHCALL_IRET_USER: u64 = 20;
+/// Hypercall: the guest kernel's entry for the `syscall` instruction of
+/// guest user mode (arg 1; 0 removes it), like writing `MSR_LSTAR`. A
+/// user-mode `syscall` (`0f 05`) then enters the guest kernel as hardware
+/// would, through the host: RIP = the entry, RCX = the address after the
+/// instruction, R11 = the user RFLAGS, every other register as user mode
+/// left it; virtual interrupts off (as `MSR_SYSCALL_MASK` has IF) and TF
+/// clear. Unlike hardware, the host also switches to the kernel stack
+/// (`LHCALL_SET_STACK`) and pushes the user frame there, as for an
+/// interrupt from user mode (RIP after the instruction, CS
+/// [`LGUEST_USER_CS`], RFLAGS, RSP, SS), so the entry needs no `swapgs`
+/// nor a stack of its own, and returns with [`LHCALL_IRET_USER`] like any
+/// other event. Without an entry, and from guest kernel mode always,
+/// `syscall` is #UD (the host leaves EFER.SCE clear while a guest runs).
+/// The entry must be below [`GUEST_VA_END`], or the guest is killed.
+pub const LHCALL_SET_SYSCALL: u64 = 21;
 
 /// The frame of [`LHCALL_IRET_USER`], at the guest kernel's RSP.
 #[repr(C)]

@@ -75,6 +75,7 @@ fn rust_side() -> BTreeMap<&'static str, u64> {
         ("LHCALL_LOAD_GDT_ENTRY", abi::LHCALL_LOAD_GDT_ENTRY),
         ("LHCALL_SEND_INTERRUPTS", abi::LHCALL_SEND_INTERRUPTS),
         ("LHCALL_IRET_USER", abi::LHCALL_IRET_USER),
+        ("LHCALL_SET_SYSCALL", abi::LHCALL_SET_SYSCALL),
     ])
 }
 
@@ -139,6 +140,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
             stat_exits,
             stat_hypercalls,
             stat_shadow_pages,
+            stat_fpu_entries,
             reserved,
             message
         ]
@@ -207,6 +209,7 @@ const STRUCTS: &[(&str, &[&str])] = &[
             "stat_exits",
             "stat_hypercalls",
             "stat_shadow_pages",
+            "stat_fpu_entries",
             "reserved",
             "message",
         ],

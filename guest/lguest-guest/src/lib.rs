@@ -6,7 +6,9 @@
 //! launcher loads the ELF image at its physical addresses and starts it at
 //! `_start` in ring 3, with virtual = physical for all of RAM, RDI = the
 //! guest-physical address of the NUL-terminated command line and RSI = the
-//! size of RAM. There is no FPU or SSE (CR0.TS is set); virtual interrupts
+//! size of RAM. The FPU, SSE and AVX are usable (the host loads the guest's
+//! state at its first FPU instruction), but this library, built soft-float,
+//! never uses them itself; virtual interrupts
 //! are off and every interrupt line is blocked until the guest installs
 //! handlers ([`interrupts`]) and enables them ([`paravirt`]).
 //!

@@ -28,9 +28,11 @@
 //!
 //! # System calls
 //!
-//! `int $0x80` (IDT entry [`LGUEST_SYSCALL_VECTOR`], a trap gate) with the
-//! number in RAX and arguments in RDI, RSI, RDX, R10, result in RAX, every
-//! other register preserved. [`set_syscalls`] installs a table of
+//! `int $0x80` (IDT entry [`LGUEST_SYSCALL_VECTOR`], a trap gate) or the
+//! `syscall` instruction (through the host, [`set_syscall_entry`]), with
+//! the number in RAX and arguments in RDI, RSI, RDX, R10, result in RAX,
+//! every other register preserved (except that `syscall`, as on hardware,
+//! leaves the return address in RCX and the RFLAGS in R11). [`set_syscalls`] installs a table of
 //! [`Syscall`] functions indexed by number; unknown numbers return
 //! [`ENOSYS`]. [`DEFAULT_SYSCALLS`]: [`SYS_EXIT`] (ends [`run`] with
 //! `Exit::Exited(rdi)`), [`SYS_WRITE`] (prints `rsi` bytes at user address
@@ -54,7 +56,10 @@ use core::mem::offset_of;
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use lguest_abi::{LGUEST_SYSCALL_VECTOR, LGUEST_USER_CS, LHCALL_IRET_USER, LHCALL_LOAD_IDT_ENTRY, LHCALL_SET_STACK};
+use lguest_abi::{
+    LGUEST_SYSCALL_VECTOR, LGUEST_USER_CS, LHCALL_IRET_USER, LHCALL_LOAD_IDT_ENTRY, LHCALL_SET_STACK,
+    LHCALL_SET_SYSCALL,
+};
 
 use crate::cell::GuestCell;
 use crate::hcall::hcall;
@@ -377,8 +382,21 @@ pub fn init() -> Result<(), Error> {
         hcall(LHCALL_SET_STACK, top, 0, 0, 0);
         hcall(LHCALL_LOAD_IDT_ENTRY, u64::from(LGUEST_SYSCALL_VECTOR), entry, interrupts::GATE_TRAP, 0);
     }
+    set_syscall_entry(true);
     READY.store(true, Ordering::Release);
     Ok(())
+}
+
+/// Registers (or, with `false`, removes) the entry of the `syscall`
+/// instruction (`LHCALL_SET_SYSCALL`): the same stub as `int $0x80`, since
+/// the host enters it with the same frame; RCX and R11 come in holding the
+/// return address and the user RFLAGS, as hardware leaves them, and go back
+/// to user mode so. Without it a user-mode `syscall` is #UD. [`init`]
+/// registers it.
+pub fn set_syscall_entry(on: bool) {
+    let entry = if on { crate::virt_to_phys(ptr::addr_of!(lguest_syscall_entry)) } else { 0 };
+    // SAFETY: the entry is our code, which does not move.
+    unsafe { hcall(LHCALL_SET_SYSCALL, entry, 0, 0, 0) };
 }
 
 /// Installs the system-call table: number `n` calls `table[n]`.

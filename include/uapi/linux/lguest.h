@@ -64,7 +64,8 @@ struct lguest_run {
 	__u64 stat_exits;
 	__u64 stat_hypercalls;
 	__u64 stat_shadow_pages;
-	__u64 reserved[9];
+	__u64 stat_fpu_entries;	/* entries with the guest's FPU state loaded */
+	__u64 reserved[8];
 	__u8 message[LGUEST_MESSAGE_LEN];	/* NUL-terminated */
 };
 
@@ -126,6 +127,7 @@ struct lguest_ioeventfd {
 #define LHCALL_LOAD_GDT_ENTRY	18
 #define LHCALL_SEND_INTERRUPTS	19
 #define LHCALL_IRET_USER	20
+#define LHCALL_SET_SYSCALL	21	/* entry of user-mode syscall (0: none) */
 
 /* The frame of LHCALL_IRET_USER, at the guest kernel's RSP. */
 struct lguest_iret_user {

@@ -4,10 +4,12 @@
 //!
 //! NAME is one of `de` (#DE, div by 0), `db` (#DB, single step with TF),
 //! `icebp` (#DB by INT1: not under QEMU TCG 7.x, see [`TRAPS`]), `bp`
-//! (int3), `of` (int $4), `ud` (ud2), `nm` (fninit), `ss` (non-canonical
-//! SS-relative read), `gp` (cli), `gperr` (int $0x80), `pf` (read of
-//! 0x1000), `pfw` (write of 0x1000), `ac` (misaligned read with AC set).
-//! `xm` is not possible: it needs SSE, and the guest gets #NM first.
+//! (int3), `of` (int $4), `ud` (ud2), `ss` (non-canonical SS-relative
+//! read), `gp` (cli), `gperr` (int $0x80), `pf` (read of 0x1000), `pfw`
+//! (write of 0x1000), `ac` (misaligned read with AC set), `xm` (an SSE
+//! division by zero with the exception unmasked in MXCSR). #NM is not
+//! possible: the guest's FPU is always usable (the host loads its state at
+//! its first FPU instruction; only XFD-armed components, AMX, raise it).
 //!
 //! The action installs [`handler`] for all of
 //! [`interrupts::EXCEPTION_VECTORS`] (trap gates, #PF an interrupt gate),
@@ -112,7 +114,7 @@ const TRAPS: &[Trap] = &[
     Trap { name: "bp", what: "int3", expect: &[(3, 0)], rip_offset: 1, cr2: None, run: bp },
     Trap { name: "of", what: "int $4", expect: &[(4, 0)], rip_offset: 2, cr2: None, run: of },
     Trap { name: "ud", what: "ud2", expect: &[(6, 0)], rip_offset: 0, cr2: None, run: ud },
-    Trap { name: "nm", what: "fninit (CR0.TS set)", expect: &[(7, 0)], rip_offset: 0, cr2: None, run: nm },
+    Trap { name: "xm", what: "divss by zero (MXCSR.ZM clear)", expect: &[(19, 0)], rip_offset: 0, cr2: None, run: xm },
     Trap {
         name: "ss",
         what: "mov (%rsp + 1<<63),%rax (non-canonical, SS-relative)",
@@ -270,10 +272,21 @@ fn ud() {
     unsafe { at_trap!([], ["ud2"], []) }
 }
 
-fn nm() {
-    // SAFETY: see above; with CR0.TS set, any x87 instruction raises #NM; if
-    // it ran, it would only reset the x87 state, which nothing uses.
-    unsafe { at_trap!([], ["fninit"], []) }
+fn xm() {
+    // SAFETY: see above; with the zero-divide exception unmasked (MXCSR
+    // 0x1d80, loaded from a stack slot below RSP, which the handler's frame
+    // does not reach before the fault) a scalar SSE division by zero raises
+    // #XM; the cleanup puts the default MXCSR back. It changes XMM0 and
+    // XMM1, which this soft-float program never uses (they cannot even be
+    // named as clobbers).
+    unsafe {
+        at_trap!(
+            ["mov dword ptr [rsp - 8], 0x1d80", "ldmxcsr [rsp - 8]", "xorps xmm0, xmm0", "mov {v:e}, 1", "cvtsi2ss xmm1, {v:e}"],
+            ["divss xmm1, xmm0"],
+            ["mov dword ptr [rsp - 8], 0x1f80", "ldmxcsr [rsp - 8]"],
+            v = out(reg) _
+        )
+    }
 }
 
 fn ss() {

@@ -223,6 +223,104 @@ global_asm!(
     "    mov eax, {sys_exit}",
     "    int 0x80",
     "    ud2",
+    // The third program: RDI `syscall`s of getcounter, each checked: RCX =
+    // the address after the instruction, R11 = RFLAGS before it, RAX = the
+    // last value + 1, ten other registers unchanged. It exits with the
+    // number of calls that got anything wrong. [rsp]: RFLAGS before the
+    // call; [rsp + 8]: the last counter value (one slot lower once RAX is
+    // pushed).
+    ".balign 16",
+    ".globl user_syscalls",
+    "user_syscalls:",
+    "    mov r15, rdi",
+    "    xor r14d, r14d",
+    "    sub rsp, 16",
+    "    mov eax, {sys_counter}",
+    "    int 0x80",
+    "    mov [rsp + 8], rax",
+    "    mov rbx, 0x1212121212121212",
+    "    mov rdx, 0x2323232323232323",
+    "    mov rsi, 0x3434343434343434",
+    "    mov rdi, 0x4545454545454545",
+    "    mov rbp, 0x5656565656565656",
+    "    mov r8, 0x6767676767676767",
+    "    mov r9, 0x7878787878787878",
+    "    mov r10, 0x8989898989898989",
+    "    mov r12, 0x9a9a9a9a9a9a9a9a",
+    "    mov r13, 0xabababababababab",
+    "9:  pushfq",
+    "    pop rax",
+    "    mov [rsp], rax",
+    "    mov eax, {sys_counter}",
+    "    syscall",
+    "10: push rax",
+    "    lea rax, [rip + 10b]",
+    "    cmp rcx, rax",
+    "    jne 12f",
+    "    mov rax, [rsp + 8]",
+    "    cmp r11, rax",
+    "    jne 12f",
+    "    mov rax, [rsp + 16]",
+    "    inc rax",
+    "    cmp rax, [rsp]",
+    "    jne 12f",
+    "    mov [rsp + 16], rax",
+    "    mov rcx, 0x1212121212121212",
+    "    cmp rbx, rcx",
+    "    jne 12f",
+    "    mov rcx, 0x2323232323232323",
+    "    cmp rdx, rcx",
+    "    jne 12f",
+    "    mov rcx, 0x3434343434343434",
+    "    cmp rsi, rcx",
+    "    jne 12f",
+    "    mov rcx, 0x4545454545454545",
+    "    cmp rdi, rcx",
+    "    jne 12f",
+    "    mov rcx, 0x5656565656565656",
+    "    cmp rbp, rcx",
+    "    jne 12f",
+    "    mov rcx, 0x6767676767676767",
+    "    cmp r8, rcx",
+    "    jne 12f",
+    "    mov rcx, 0x7878787878787878",
+    "    cmp r9, rcx",
+    "    jne 12f",
+    "    mov rcx, 0x8989898989898989",
+    "    cmp r10, rcx",
+    "    jne 12f",
+    "    mov rcx, 0x9a9a9a9a9a9a9a9a",
+    "    cmp r12, rcx",
+    "    jne 12f",
+    "    mov rcx, 0xabababababababab",
+    "    cmp r13, rcx",
+    "    jne 12f",
+    "    jmp 13f",
+    "12: inc r14",
+    "    mov rax, [rsp]",
+    "    mov [rsp + 16], rax",
+    "    mov rbx, 0x1212121212121212",
+    "    mov rdx, 0x2323232323232323",
+    "    mov rsi, 0x3434343434343434",
+    "    mov rdi, 0x4545454545454545",
+    "    mov rbp, 0x5656565656565656",
+    "    mov r8, 0x6767676767676767",
+    "    mov r9, 0x7878787878787878",
+    "    mov r10, 0x8989898989898989",
+    "    mov r12, 0x9a9a9a9a9a9a9a9a",
+    "    mov r13, 0xabababababababab",
+    "13: pop rax",
+    "    dec r15",
+    "    jnz 9b",
+    "    mov rdi, r14",
+    "    mov eax, {sys_exit}",
+    "    int 0x80",
+    "    ud2",
+    // A `syscall` with no entry registered: #UD at the instruction.
+    ".balign 16",
+    ".globl user_exc_syscall",
+    "user_exc_syscall: syscall",
+    "    ud2",
     ".balign 4096",
     ".globl user_prog_end",
     "user_prog_end:",
@@ -245,6 +343,8 @@ extern "C" {
     static user_exc_div: u8;
     static user_exc_exec_kernel: u8;
     static user_spin: u8;
+    static user_syscalls: u8;
+    static user_exc_syscall: u8;
     static user_prog_start: u8;
     static user_prog_end: u8;
 }
@@ -298,6 +398,9 @@ fn code_at(va: u64) -> [u8; 2] {
 
 /// Bytes of the program's pages.
 static PROG_LEN: AtomicU64 = AtomicU64::new(0);
+
+/// `syscall`s the third program makes.
+const SYSCALL_CALLS: u64 = 100_000;
 
 /// The spinner's iterations, and the timer period while it runs.
 const SPIN_LOOPS: u64 = 20_000_000;
@@ -417,6 +520,23 @@ fn main(_args: Args) -> ! {
     }
     println!("user: {ticks} timer interrupts during {spin_ms} ms in user mode, 15 registers intact");
 
+    // The syscall instruction: through the host to our entry, RCX and R11
+    // as hardware leaves them, the other registers intact.
+    let sc0 = user::syscalls();
+    let sys = lguest_guest::virt_to_phys(addr_of!(user_syscalls));
+    let mut regs = UserRegs::new(USER_CODE + (sys - start), USER_STACK_TOP);
+    regs.rdi = SYSCALL_CALLS;
+    let got = user::run(&regs);
+    let made = user::syscalls() - sc0;
+    if got != Exit::Exited(0) {
+        fail(format_args!("the syscall program ended with {got:x?} (Exited(n): n calls saw a wrong register)"));
+    }
+    // Its own: one int $0x80 to start, the syscalls, the exit.
+    if made != SYSCALL_CALLS + 2 {
+        fail(format_args!("the syscall program made {made} system calls, expected {}", SYSCALL_CALLS + 2));
+    }
+    println!("user: {SYSCALL_CALLS} syscall instructions: RCX, R11, RAX and 10 other registers right after each");
+
     // Exceptions in user mode: each kills the program with the vector,
     // error code and RIP hardware would give (RIP at the instruction for
     // faults, after it for the int3 trap).
@@ -445,6 +565,15 @@ fn main(_args: Args) -> ! {
         }
     }
     println!("user: {} exceptions in user mode (hlt, cli, non-canonical, int3, ud2, #DE, fetch of kernel code) as hardware reports them", cases.len());
+    // Without an entry, `syscall` is #UD at the instruction (EFER.SCE clear).
+    user::set_syscall_entry(false);
+    let va = USER_CODE + (lguest_guest::virt_to_phys(addr_of!(user_exc_syscall)) - start);
+    let got = user::run(&UserRegs::new(va, USER_STACK_TOP));
+    user::set_syscall_entry(true);
+    if !matches!(got, Exit::Killed { vector: 6, error: 0, rip, .. } if rip == va) {
+        fail(format_args!("syscall without an entry: {got:x?}, expected #UD at {va:#x}"));
+    }
+    println!("user: syscall with no entry registered: #UD at the instruction");
 
     let done = format_args!(
         "user: done: {syscalls} syscalls (1 write, {COUNTER_CALLS} getcounter), hypercall -> #GP error \

@@ -638,10 +638,11 @@ fn shadow_teardown() -> TestResult {
         k1 <= k0 + 2048
     });
     println!("# kernel memory of the test's cgroup: {k0} KiB, {live:?} KiB with a VM holding ~3000 tables, {k1} KiB after 5 VMs");
-    // The measure sees the tables: 3000 pages are 12000 KiB.
+    // The measure sees the tables: 3000 pages are 12000 KiB (the figure may
+    // lag by the statistics' per-CPU batches: 11788 KiB was seen once).
     for (round, k) in live.iter().enumerate() {
         check!(
-            *k >= k0 + 3000 * 4,
+            *k >= k0 + 10_000,
             "round {}: only {} KiB more kernel memory with 3000 shadow tables alive",
             round + 1,
             k.saturating_sub(k0)
@@ -652,6 +653,130 @@ fn shadow_teardown() -> TestResult {
     // KiB) and slab pages of this process.
     check!(k1 <= k0 + 2048, "kernel memory grew by {} KiB over 5 VMs", k1 - k0);
     Ok(())
+}
+
+// A guest for the FPU state test: NOTIFY(1) before any FPU use; then its
+// first FPU instruction (stmxcsr) and NOTIFY(2, MXCSR), NOTIFY(3, XMM1);
+// loads R12 (set by the test) into XMM0 and the x87 stack, NOTIFY(4); then
+// NOTIFY(5, XMM0) and NOTIFY(6, the x87 value) and powers off.
+core::arch::global_asm!(
+    ".pushsection .rodata.lguest_guest_fpu, \"a\"",
+    ".globl lguest_guest_fpu_start",
+    ".globl lguest_guest_fpu_end",
+    "lguest_guest_fpu_start:",
+    "mov esp, 0x170000",
+    "mov eax, 1",
+    "mov edi, 0x180000",
+    "int 0x1f",
+    "mov eax, 17",
+    "mov edi, 1",
+    "xor esi, esi",
+    "int 0x1f",
+    "stmxcsr [rsp - 8]",
+    "mov esi, [rsp - 8]",
+    "mov eax, 17",
+    "mov edi, 2",
+    "int 0x1f",
+    "movq rsi, xmm1",
+    "mov eax, 17",
+    "mov edi, 3",
+    "int 0x1f",
+    "movq xmm0, r12",
+    "mov [rsp - 8], r12",
+    "shr qword ptr [rsp - 8], 1",
+    "fild qword ptr [rsp - 8]",
+    "mov eax, 17",
+    "mov edi, 4",
+    "xor esi, esi",
+    "int 0x1f",
+    "movq rsi, xmm0",
+    "mov eax, 17",
+    "mov edi, 5",
+    "int 0x1f",
+    "fistp qword ptr [rsp - 8]",
+    "mov rsi, [rsp - 8]",
+    "mov eax, 17",
+    "mov edi, 6",
+    "int 0x1f",
+    "mov eax, 2",
+    "mov edi, 0x181000",
+    "mov esi, 1",
+    "int 0x1f",
+    "ud2",
+    "lguest_guest_fpu_end:",
+    ".popsection",
+);
+
+extern "C" {
+    static lguest_guest_fpu_start: u8;
+    static lguest_guest_fpu_end: u8;
+}
+
+/// The guest's FPU state is its own and survives exits: no FPU entry
+/// before its first FPU instruction (`stat_fpu_entries` 0), the reset
+/// state after it (MXCSR 0x1f80, XMM1 zero), and an XMM and an x87 value
+/// kept across a return to the launcher while a second VM, on the same
+/// CPU, loads other values into the same registers and this process
+/// uses its own.
+fn fpu_state() -> TestResult {
+    // SAFETY: the symbols delimit the blob assembled above.
+    let code = unsafe { blob(std::ptr::addr_of!(lguest_guest_fpu_start), std::ptr::addr_of!(lguest_guest_fpu_end)) };
+    let pin = |cpu: usize| {
+        // SAFETY: a zeroed cpu_set_t with one bit set, for this thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set)
+        }
+    };
+    check_eq!(pin(0), 0, "sched_setaffinity");
+    let res = (|| -> TestResult {
+        let a = TestVm::new(&code)?;
+        let b = TestVm::new(&code)?;
+        let notify = |vm: &TestVm, what: &str| -> Result<(u64, u64, u64), t::NotPassed> {
+            check_eq!(vm.run(), Ok(0), format!("{what}: RUN"));
+            check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_NOTIFY, format!("{what}: exit ({})", vm.message()));
+            let p = vm.run_page();
+            Ok((p.read::<u64>(8), p.read::<u64>(16), p.read::<u64>(56)))
+        };
+        for (vm, value) in [(&a, 0x1122_3344_5566_7788u64), (&b, 0x99aa_bbcc_ddee_ff00)] {
+            let mut r = abi::LguestVcpuRegs::default();
+            check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_GET_REGS, &mut r), Ok(0), "GET_REGS");
+            r.regs.r12 = value;
+            check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_SET_REGS, &mut r), Ok(0), "SET_REGS");
+        }
+        let (n, _, fpu) = notify(&a, "A 1")?;
+        check_eq!((n, fpu), (1, 0), "A: first report, FPU entries before any FPU use");
+        let (n, mxcsr, _) = notify(&a, "A 2")?;
+        check_eq!((n, mxcsr), (2, 0x1f80), "A: MXCSR at the first FPU use");
+        let (n, xmm1, fpu) = notify(&a, "A 3")?;
+        check_eq!((n, xmm1), (3, 0), "A: XMM1 at reset");
+        check!(fpu >= 1, "A: {fpu} FPU entries after its first FPU instruction");
+        check_eq!(notify(&a, "A 4")?.0, 4, "A: values loaded");
+        // B loads its own values into the same registers on this CPU.
+        for n in 1..=4 {
+            check_eq!(notify(&b, &format!("B {n}"))?.0, n, "B");
+        }
+        let (n, xmm0, _) = notify(&a, "A 5")?;
+        check_eq!((n, xmm0), (5, 0x1122_3344_5566_7788), "A: XMM0 after B ran");
+        let (n, x87, _) = notify(&a, "A 6")?;
+        check_eq!((n, x87), (6, 0x1122_3344_5566_7788 >> 1), "A: the x87 value after B ran");
+        let (n, xmm0, _) = notify(&b, "B 5")?;
+        check_eq!((n, xmm0), (5, 0x99aa_bbcc_ddee_ff00), "B: XMM0");
+        check_eq!(a.run(), Ok(0), "A: RUN");
+        check_eq!(a.exit_reason(), abi::LGUEST_EXIT_SHUTDOWN, "A: exit");
+        Ok(())
+    })();
+    let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // SAFETY: as above, all CPUs again.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for c in 0..all {
+            libc::CPU_SET(c, &mut set);
+        }
+        libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
+    }
+    res
 }
 
 // A guest for the shadow root cache test. Roots A (0x300000) and B
@@ -1840,5 +1965,6 @@ fn main() -> ExitCode {
         ("last_guest_page", last_guest_page),
         ("mov_ss_and_tf", mov_ss_and_tf),
         ("second_thread_during_run", second_thread_during_run),
+        ("fpu_state", fpu_state),
     ])
 }
