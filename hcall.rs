@@ -23,6 +23,7 @@ use crate::{
         Kill, //
     },
     paging,
+    switcher::Switcher,
     uapi::{
         self,
         HcallArgs,
@@ -56,6 +57,7 @@ fn name(nr: u64) -> &'static str {
         uapi::LHCALL_SEND_INTERRUPTS => "SEND_INTERRUPTS",
         uapi::LHCALL_IRET_USER => "IRET_USER",
         uapi::LHCALL_SET_SYSCALL => "SET_SYSCALL",
+        uapi::LHCALL_SET_SEGMENT_BASE => "SET_SEGMENT_BASE",
         _ => "unknown",
     }
 }
@@ -187,6 +189,7 @@ fn dispatch(
             vm.vcpus[index].syscall_entry = a.arg1;
             Ok(None)
         }
+        uapi::LHCALL_SET_SEGMENT_BASE => set_segment_base(vm, index, a.arg1, a.arg2).map(|()| None),
         uapi::LHCALL_TS | uapi::LHCALL_LOAD_TLS | uapi::LHCALL_LOAD_GDT_ENTRY => {
             kill!("hypercall {} is not supported by this host yet", name(nr))
         }
@@ -230,7 +233,25 @@ fn iret_user(vm: &mut Vm, index: usize) -> Result<(), Kill> {
     v.cpu.regs.rip = rip;
     v.cpu.regs.rsp = user_rsp;
     v.cpu.regs.rflags = crate::switcher::GuestCpu::sanitize_flags(rflags);
+    v.cpu.toggle_gs();
     v.user_mode = true;
+    Ok(())
+}
+
+/// `LHCALL_SET_SEGMENT_BASE(which, base)`: the FS base, the guest kernel's
+/// GS base or guest user mode's (the hypercall comes from kernel mode).
+fn set_segment_base(vm: &mut Vm, index: usize, which: u64, base: u64) -> Result<(), Kill> {
+    let canonical = Switcher::get().map(|s| s.canonical(base)).unwrap_or(false);
+    if !canonical {
+        return kill!("SET_SEGMENT_BASE: base {base:#x} is not a canonical address");
+    }
+    let cpu = &mut vm.vcpus[index].cpu;
+    match which {
+        uapi::LGUEST_BASE_FS => cpu.fs_base = base,
+        uapi::LGUEST_BASE_GS => cpu.gs_base = base,
+        uapi::LGUEST_BASE_USER_GS => cpu.gs_other = base,
+        _ => return kill!("SET_SEGMENT_BASE: no segment base {which}"),
+    }
     Ok(())
 }
 

@@ -177,7 +177,17 @@ fn enter_kernel(
     let user_mode = vm.vcpus[index].user_mode;
     let regs = vm.vcpus[index].cpu.regs;
     let (stack, cs, flags) = if user_mode {
-        let stack = vm.vcpus[index].kernel_stack;
+        // The guest's own sp0 if it keeps one in lguest_data (read once),
+        // else the SET_STACK value.
+        let sp0 = read_ld(vm, ld, offset_of!(LguestData, kernel_sp0))?;
+        if sp0 > uapi::GUEST_VA_END {
+            return kill!("lguest_data.kernel_sp0 {sp0:#x} is not a guest address");
+        }
+        let stack = if sp0 != 0 {
+            sp0
+        } else {
+            vm.vcpus[index].kernel_stack
+        };
         if stack == 0 {
             return kill!("vector {vector} in user mode, but no kernel stack (SET_STACK)");
         }
@@ -211,6 +221,9 @@ fn enter_kernel(
         return kill!(
             "cannot deliver vector {vector}: the guest stack at {stack:#x} is not mapped in guest memory"
         );
+    }
+    if user_mode {
+        vm.vcpus[index].cpu.toggle_gs();
     }
     vm.vcpus[index].user_mode = false;
     let r = &mut vm.vcpus[index].cpu.regs;
@@ -287,6 +300,15 @@ pub(crate) fn hardware_trap(
     // SYSCALL is off while a guest runs (it would enter the host): its #UD
     // in user mode is the guest's system call.
     if vector == 6 && deliver_syscall(vm, index)? {
+        return Ok(());
+    }
+    // Privileged instructions a kernel runs without a hook (port I/O,
+    // mov from CR0/CR4, wbinvd, xsetbv): emulated in guest kernel mode.
+    if vector == 13
+        && error == 0
+        && !vm.vcpus[index].user_mode
+        && crate::emulate::privileged(vm, index)?
+    {
         return Ok(());
     }
     let syscall = uapi::LGUEST_SYSCALL_VECTOR as u64;

@@ -28,6 +28,7 @@ use kernel::{
 };
 
 mod dev;
+mod emulate;
 mod hcall;
 mod helpers;
 mod host;

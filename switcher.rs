@@ -449,12 +449,24 @@ impl GuestFpu {
 pub(crate) struct GuestCpu {
     /// The general registers, RIP, RSP and RFLAGS.
     pub(crate) regs: LguestRegs,
-    /// FS and GS bases (the guest may set them with wrfsbase/wrgsbase).
+    /// FS and GS bases (the guest may set them with wrfsbase/wrgsbase, or
+    /// with `LHCALL_SET_SEGMENT_BASE`).
     pub(crate) fs_base: u64,
     pub(crate) gs_base: u64,
+    /// The GS base of the other mode: guest user mode's while the guest is
+    /// in kernel mode, the kernel's while it is in user mode. The host
+    /// swaps the two at every switch between the modes (as Xen's
+    /// `toggle_guest_mode`), so a guest kernel needs no `swapgs`.
+    pub(crate) gs_other: u64,
 }
 
 impl GuestCpu {
+    /// Swaps the GS bases of the two modes: called when the guest moves
+    /// between guest kernel and guest user mode.
+    pub(crate) fn toggle_gs(&mut self) {
+        core::mem::swap(&mut self.gs_base, &mut self.gs_other);
+    }
+
     /// Clamps RFLAGS to what a guest may have.
     pub(crate) fn sanitize_flags(flags: u64) -> u64 {
         (flags & RFLAGS_GUEST_MASK) | RFLAGS_FIXED
@@ -712,6 +724,20 @@ impl Switcher {
             // (each holds a module reference), so nobody uses it any more.
             drop(unsafe { KBox::from_raw(p) });
         }
+    }
+
+    /// The XSAVE components of a guest's FPU state (0 without XSAVE).
+    pub(crate) fn xsave_mask(&self) -> u64 {
+        self.xsave_mask
+    }
+
+    /// Whether `v` is a canonical address on this host (4- or 5-level
+    /// paging): a base the switcher may write to MSR_FS_BASE or
+    /// MSR_GS_BASE without a #GP in ring 0.
+    pub(crate) fn canonical(&self, v: u64) -> bool {
+        let bits = if self.levels == 5 { 57 } else { 48 };
+        let top = (v as i64) >> (bits - 1);
+        top == 0 || top == -1
     }
 
     /// The switcher, between init and exit.

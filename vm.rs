@@ -114,6 +114,9 @@ pub(crate) struct Vcpu {
     /// The guest kernel's entry for user-mode `syscall`
     /// (`LHCALL_SET_SYSCALL`); 0: none, `syscall` is #UD.
     pub(crate) syscall_entry: u64,
+    /// The guest's XCR0 as its emulated `xsetbv` set it (the host's FPU
+    /// mask until then); the CPU keeps the host's.
+    pub(crate) xcr0: u64,
     stat_exits: u64,
     pub(crate) stat_hypercalls: u64,
     /// Shadow page-table pages of the VM, as of the last exit.
@@ -282,6 +285,7 @@ impl Vm {
         if index >= uapi::LGUEST_MAX_VCPUS {
             return Err(EBUSY);
         }
+        let sw = Switcher::get()?;
         let run = Arc::new(HostPage::new()?, GFP_KERNEL)?;
         let mut cpu = GuestCpu::default();
         cpu.regs.rip = self.entry;
@@ -301,6 +305,7 @@ impl Vm {
                 user_mode: false,
                 kernel_stack: 0,
                 syscall_entry: 0,
+                xcr0: sw.xsave_mask(),
                 stat_exits: 0,
                 stat_hypercalls: 0,
                 stat_shadow_pages: 0,

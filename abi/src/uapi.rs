@@ -403,6 +403,25 @@ pub const LHCALL_IRET_USER: u64 = 20;
 /// `syscall` is #UD (the host leaves EFER.SCE clear while a guest runs).
 /// The entry must be below [`GUEST_VA_END`], or the guest is killed.
 pub const LHCALL_SET_SYSCALL: u64 = 21;
+/// Hypercall: set a segment base (arg 1 says which: [`LGUEST_BASE_FS`],
+/// [`LGUEST_BASE_GS`], [`LGUEST_BASE_USER_GS`]; arg 2 the base, which
+/// must be a canonical address or the guest is killed). For hosts where
+/// the guest cannot use `wrfsbase`/`wrgsbase` (no FSGSBASE), and for guest
+/// user mode's GS base, which only the host holds while the guest kernel
+/// runs: the host keeps one GS base per mode and swaps them at every
+/// switch between guest kernel and guest user mode (no `swapgs`, which
+/// ring 3 cannot run). The FS base is the same in both modes, as on
+/// hardware.
+pub const LHCALL_SET_SEGMENT_BASE: u64 = 22;
+/// [`LHCALL_SET_SEGMENT_BASE`]: the FS base (both modes).
+pub const LGUEST_BASE_FS: u64 = 0;
+/// [`LHCALL_SET_SEGMENT_BASE`]: the GS base of guest kernel mode (the one
+/// in effect when the call is made).
+pub const LGUEST_BASE_GS: u64 = 1;
+/// [`LHCALL_SET_SEGMENT_BASE`]: the GS base guest user mode gets at the
+/// next `LHCALL_IRET_USER` (what `MSR_KERNEL_GS_BASE` holds for a native
+/// kernel).
+pub const LGUEST_BASE_USER_GS: u64 = 2;
 
 /// The frame of [`LHCALL_IRET_USER`], at the guest kernel's RSP.
 #[repr(C)]
@@ -503,6 +522,11 @@ pub struct LguestData {
     pub syscall_vec: u32,
     /// Padding.
     pub pad1: u32,
+    /// Written by the guest: the kernel stack for the next entry from user
+    /// mode (a native kernel's TSS `sp0`), so a context switch needs no
+    /// hypercall. Read at each such entry; 0 means the `LHCALL_SET_STACK`
+    /// value. Above [`GUEST_VA_END`] the guest is killed.
+    pub kernel_sp0: u64,
 }
 
 /// Compile-time layout checks: the structs are an ABI.
@@ -525,6 +549,7 @@ const _: () = {
     assert!(offset_of!(LguestData, hcall_status) == 48);
     assert!(offset_of!(LguestData, hcalls) == 112);
     assert!(offset_of!(LguestData, reserve_mem) == 112 + 40 * LHCALL_RING_SIZE);
-    assert!(size_of::<LguestData>() == 2712);
+    assert!(offset_of!(LguestData, kernel_sp0) == 2712);
+    assert!(size_of::<LguestData>() == 2720);
     assert!(size_of::<LguestData>() <= 4096);
 };

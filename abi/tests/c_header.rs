@@ -76,6 +76,10 @@ fn rust_side() -> BTreeMap<&'static str, u64> {
         ("LHCALL_SEND_INTERRUPTS", abi::LHCALL_SEND_INTERRUPTS),
         ("LHCALL_IRET_USER", abi::LHCALL_IRET_USER),
         ("LHCALL_SET_SYSCALL", abi::LHCALL_SET_SYSCALL),
+        ("LHCALL_SET_SEGMENT_BASE", abi::LHCALL_SET_SEGMENT_BASE),
+        ("LGUEST_BASE_FS", abi::LGUEST_BASE_FS),
+        ("LGUEST_BASE_GS", abi::LGUEST_BASE_GS),
+        ("LGUEST_BASE_USER_GS", abi::LGUEST_BASE_USER_GS),
     ])
 }
 
@@ -176,7 +180,8 @@ fn rust_layout() -> BTreeMap<String, u64> {
             tsc_khz,
             noirq_iret,
             kernel_address,
-            syscall_vec
+            syscall_vec,
+            kernel_sp0
         ]
     ));
     all.into_iter().collect()
@@ -233,6 +238,7 @@ const STRUCTS: &[(&str, &[&str])] = &[
             "noirq_iret",
             "kernel_address",
             "syscall_vec",
+            "kernel_sp0",
         ],
     ),
 ];

@@ -50,6 +50,7 @@ const INITIAL: LguestData = LguestData {
     kernel_address: 0,
     syscall_vec: 0,
     pad1: 0,
+    kernel_sp0: 0,
 };
 
 /// The shared page. Only the volatile and atomic accessors below touch it,
@@ -94,6 +95,15 @@ pub fn set_irq_enabled(value: u64) {
     // SAFETY: as in `irq_enabled`; the field is plain data the host only
     // reads, so any value is valid (the host checks it).
     unsafe { addr_of_mut!((*data()).irq_enabled).write_volatile(value) }
+}
+
+/// Writes `kernel_sp0`: the kernel stack of the next entry from user mode
+/// (0: the one `LHCALL_SET_STACK` set), as a native kernel writes its TSS.
+#[inline]
+pub fn set_kernel_sp0(value: u64) {
+    // SAFETY: as in `irq_enabled`; the host reads the field once per entry
+    // from user mode and checks it.
+    unsafe { addr_of_mut!((*data()).kernel_sp0).write_volatile(value) }
 }
 
 /// Reads `irq_pending`: non-zero when the host holds an interrupt back until

@@ -56,8 +56,9 @@ use core::mem::offset_of;
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
+pub use lguest_abi::{LGUEST_BASE_FS, LGUEST_BASE_GS, LGUEST_BASE_USER_GS};
 use lguest_abi::{
-    LGUEST_SYSCALL_VECTOR, LGUEST_USER_CS, LHCALL_IRET_USER, LHCALL_LOAD_IDT_ENTRY, LHCALL_SET_STACK,
+    LGUEST_SYSCALL_VECTOR, LGUEST_USER_CS, LHCALL_IRET_USER, LHCALL_LOAD_IDT_ENTRY, LHCALL_SET_SEGMENT_BASE, LHCALL_SET_STACK,
     LHCALL_SET_SYSCALL,
 };
 
@@ -399,6 +400,19 @@ pub fn set_syscall_entry(on: bool) {
     unsafe { hcall(LHCALL_SET_SYSCALL, entry, 0, 0, 0) };
 }
 
+/// Sets a segment base with `LHCALL_SET_SEGMENT_BASE`: `which` is
+/// [`LGUEST_BASE_FS`] (both modes), [`LGUEST_BASE_GS`] (this, the kernel's)
+/// or [`LGUEST_BASE_USER_GS`] (user mode's, swapped in by the host at each
+/// entry to user mode and out at each return to the kernel). `base` must be
+/// canonical, or the host kills the guest. Where the host enables
+/// FSGSBASE, `wrfsbase`/`wrgsbase` do the same for the current mode
+/// without an exit.
+pub fn set_segment_base(which: u64, base: u64) {
+    // SAFETY: setting a base changes only how FS- or GS-relative accesses
+    // resolve; this library makes none.
+    unsafe { hcall(LHCALL_SET_SEGMENT_BASE, which, base, 0, 0) };
+}
+
 /// Installs the system-call table: number `n` calls `table[n]`.
 pub fn set_syscalls(table: &'static [Syscall]) {
     NR_SYSCALLS.store(0, Ordering::Release);
@@ -546,7 +560,7 @@ pub fn user_range(va: u64, len: u64, mut f: impl FnMut(u64, u64)) -> bool {
 }
 
 /// `SYS_EXIT(code)`.
-fn sys_exit(frame: &mut TrapFrame) -> u64 {
+pub fn sys_exit(frame: &mut TrapFrame) -> u64 {
     let code = frame.rdi;
     exit(frame, Exit::Exited(code))
 }
@@ -554,7 +568,7 @@ fn sys_exit(frame: &mut TrapFrame) -> u64 {
 /// `SYS_WRITE(buf, len)`: at most 4096 bytes, printed as text (bytes that
 /// are not UTF-8 become `?`). `EFAULT` if any of it is not mapped for user
 /// mode.
-fn sys_write(frame: &mut TrapFrame) -> u64 {
+pub fn sys_write(frame: &mut TrapFrame) -> u64 {
     let (va, len) = (frame.rdi, frame.rsi.min(4096));
     if !user_range(va, len, |_, _| ()) {
         return EFAULT;
@@ -583,7 +597,7 @@ fn sys_write(frame: &mut TrapFrame) -> u64 {
 }
 
 /// `SYS_COUNTER()`.
-fn sys_counter(_frame: &mut TrapFrame) -> u64 {
+pub fn sys_counter(_frame: &mut TrapFrame) -> u64 {
     COUNTER.fetch_add(1, Ordering::Relaxed)
 }
 

@@ -128,6 +128,10 @@ struct lguest_ioeventfd {
 #define LHCALL_SEND_INTERRUPTS	19
 #define LHCALL_IRET_USER	20
 #define LHCALL_SET_SYSCALL	21	/* entry of user-mode syscall (0: none) */
+#define LHCALL_SET_SEGMENT_BASE	22	/* LGUEST_BASE_*, a canonical base */
+#define LGUEST_BASE_FS		0
+#define LGUEST_BASE_GS		1	/* guest kernel mode's */
+#define LGUEST_BASE_USER_GS	2	/* guest user mode's */
 
 /* The frame of LHCALL_IRET_USER, at the guest kernel's RSP. */
 struct lguest_iret_user {
@@ -164,6 +168,7 @@ struct lguest_data {
 	__u64 kernel_address;
 	__u32 syscall_vec;
 	__u32 pad1;
+	__u64 kernel_sp0;	/* next entry from user mode (0: SET_STACK's) */
 };
 
 #endif /* _UAPI_LINUX_LGUEST_H */

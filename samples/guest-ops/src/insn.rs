@@ -41,7 +41,14 @@ const INSNS: &[Insn] = &[
     Insn { name: "readcr3", what: "mov %cr3,%rax", run: readcr3 },
     Insn { name: "writecr3", what: "mov %rax,%cr3 (rax = 0)", run: writecr3 },
     Insn { name: "in", what: "inb $0x80,%al", run: inb },
+    Insn { name: "inl", what: "inl %dx,%eax (dx = 0x70, rax = -1 << 40)", run: inl },
     Insn { name: "out", what: "outb %al,$0x80", run: outb },
+    Insn { name: "readcr0", what: "mov %cr0,%r9", run: readcr0 },
+    Insn { name: "readcr4", what: "mov %cr4,%rax", run: readcr4 },
+    Insn { name: "readcr8", what: "mov %cr8,%rax", run: readcr8 },
+    Insn { name: "wbinvd", what: "wbinvd", run: wbinvd },
+    Insn { name: "xsetbv", what: "xsetbv (XCR0 = x87|SSE)", run: xsetbv },
+    Insn { name: "xsetbad", what: "xsetbv (XCR0 = 0)", run: xsetbad },
     Insn { name: "wrmsr", what: "wrmsr (ecx = 0xc0000080, edx:eax = 0)", run: wrmsr },
     Insn { name: "rdmsr", what: "rdmsr (ecx = 0xc0000080)", run: rdmsr },
     Insn { name: "sgdt", what: "sgdt (to the stack)", run: sgdt },
@@ -120,6 +127,53 @@ fn inb(name: &str) {
     // SAFETY: see the module documentation; port 0x80 is the POST port.
     unsafe { asm!("in al, 0x80", out("al") value, options(nomem, nostack)) }
     println!("guest-ops: {name}: read {value:#x}");
+}
+
+fn inl(name: &str) {
+    let value: u64;
+    // SAFETY: see the module documentation; port 0x70 is the CMOS index.
+    // A 32-bit IN clears the upper half of RAX.
+    unsafe { asm!("in eax, dx", in("dx") 0x70u16, inout("rax") u64::MAX << 40 => value, options(nomem, nostack)) }
+    println!("guest-ops: {name}: read {value:#x}");
+}
+
+fn readcr0(name: &str) {
+    let cr0: u64;
+    // SAFETY: see the module documentation; only the output register
+    // changes (R9: a REX-prefixed form).
+    unsafe { asm!("mov r9, cr0", out("r9") cr0, options(nomem, nostack)) }
+    println!("guest-ops: {name}: cr0 = {cr0:#x}");
+}
+
+fn readcr4(name: &str) {
+    let cr4: u64;
+    // SAFETY: see the module documentation; only the output register changes.
+    unsafe { asm!("mov rax, cr4", out("rax") cr4, options(nomem, nostack)) }
+    println!("guest-ops: {name}: cr4 = {cr4:#x}");
+}
+
+fn readcr8(name: &str) {
+    let cr8: u64;
+    // SAFETY: see the module documentation; only the output register changes.
+    unsafe { asm!("mov rax, cr8", out("rax") cr8, options(nomem, nostack)) }
+    println!("guest-ops: {name}: cr8 = {cr8:#x}");
+}
+
+fn wbinvd(_: &str) {
+    // SAFETY: see the module documentation; at CPL 3 this faults.
+    unsafe { asm!("wbinvd", options(nomem, nostack)) }
+}
+
+fn xsetbv(name: &str) {
+    // SAFETY: see the module documentation; at CPL 3 this faults (the host
+    // emulates it; the CPU's XCR0 does not change).
+    unsafe { asm!("xsetbv", in("ecx") 0u32, in("eax") 3u32, in("edx") 0u32, options(nomem, nostack)) }
+    println!("guest-ops: {name}: XCR0 set to 0x3");
+}
+
+fn xsetbad(_: &str) {
+    // SAFETY: as in `xsetbv`; XCR0 without x87 is #GP on hardware too.
+    unsafe { asm!("xsetbv", in("ecx") 0u32, in("eax") 0u32, in("edx") 0u32, options(nomem, nostack)) }
 }
 
 fn outb(_: &str) {

@@ -316,6 +316,27 @@ global_asm!(
     "    mov eax, {sys_exit}",
     "    int 0x80",
     "    ud2",
+    // The fourth program: segment bases. R15 = the GS base it starts with,
+    // R14 = the FS base; it writes RDI into its GS base, then asks the
+    // kernel for the kernel's GS base (system call RSI) with int $0x80
+    // (into R12) and with syscall (R13), and reads its GS base again (RBX).
+    ".balign 16",
+    ".globl user_gs",
+    "user_gs:",
+    "    rdgsbase r15",
+    "    rdfsbase r14",
+    "    wrgsbase rdi",
+    "    mov rax, rsi",
+    "    int 0x80",
+    "    mov r12, rax",
+    "    mov rax, rsi",
+    "    syscall",
+    "    mov r13, rax",
+    "    rdgsbase rbx",
+    "    xor edi, edi",
+    "    mov eax, {sys_exit}",
+    "    int 0x80",
+    "    ud2",
     // A `syscall` with no entry registered: #UD at the instruction.
     ".balign 16",
     ".globl user_exc_syscall",
@@ -344,6 +365,7 @@ extern "C" {
     static user_exc_exec_kernel: u8;
     static user_spin: u8;
     static user_syscalls: u8;
+    static user_gs: u8;
     static user_exc_syscall: u8;
     static user_prog_start: u8;
     static user_prog_end: u8;
@@ -398,6 +420,50 @@ fn code_at(va: u64) -> [u8; 2] {
 
 /// Bytes of the program's pages.
 static PROG_LEN: AtomicU64 = AtomicU64::new(0);
+
+/// The system calls of the segment-base program: the defaults and one
+/// that returns the kernel's own GS base as it finds it in the handler.
+const SYS_GETGS: u64 = 3;
+/// And one that returns where its frame is (the kernel stack in use).
+const SYS_GETSP: u64 = 4;
+static GS_SYSCALLS: [user::Syscall; 5] = [user::sys_exit, user::sys_write, user::sys_counter, sys_getgs, sys_getsp];
+
+fn sys_getsp(frame: &mut TrapFrame) -> u64 {
+    frame as *mut TrapFrame as u64
+}
+
+/// A second kernel stack, for `lguest_data.kernel_sp0`.
+#[repr(C, align(16))]
+struct Stack([u8; 8192]);
+static mut SECOND_STACK: Stack = Stack([0; 8192]);
+
+fn sys_getgs(_frame: &mut TrapFrame) -> u64 {
+    rdgsbase()
+}
+
+/// This mode's GS base.
+fn rdgsbase() -> u64 {
+    let v: u64;
+    // SAFETY: reads the GS base (FSGSBASE, checked before use); no memory.
+    unsafe { core::arch::asm!("rdgsbase {}", out(reg) v, options(nomem, nostack)) };
+    v
+}
+
+/// Whether the CPU has FSGSBASE (which the host kernel enables where the
+/// CPU has it).
+fn fsgsbase() -> bool {
+    // CPUID leaf 7 clobbers RBX, which LLVM reserves: save it around.
+    let ebx: u64;
+    // SAFETY: CPUID has no side effects; RBX is restored.
+    unsafe {
+        core::arch::asm!(
+            "mov {t}, rbx", "cpuid", "xchg {t}, rbx",
+            t = out(reg) ebx, inout("eax") 7u32 => _, inout("ecx") 0u32 => _, out("edx") _,
+            options(nomem, nostack)
+        )
+    };
+    ebx & 1 != 0
+}
 
 /// `syscall`s the third program makes.
 const SYSCALL_CALLS: u64 = 100_000;
@@ -536,6 +602,66 @@ fn main(_args: Args) -> ! {
         fail(format_args!("the syscall program made {made} system calls, expected {}", SYSCALL_CALLS + 2));
     }
     println!("user: {SYSCALL_CALLS} syscall instructions: RCX, R11, RAX and 10 other registers right after each");
+
+    // Segment bases: one GS base per mode, swapped by the host at each
+    // switch; FS the same in both.
+    if fsgsbase() {
+        const K: u64 = 0x7000_1000;
+        const U: u64 = 0x7000_2000;
+        const F: u64 = 0x7000_3000;
+        const U2: u64 = 0x7000_4000;
+        user::set_segment_base(user::LGUEST_BASE_GS, K);
+        user::set_segment_base(user::LGUEST_BASE_USER_GS, U);
+        user::set_segment_base(user::LGUEST_BASE_FS, F);
+        if rdgsbase() != K {
+            fail(format_args!("kernel GS base {:#x} after SET_SEGMENT_BASE, expected {K:#x}", rdgsbase()));
+        }
+        user::set_syscalls(&GS_SYSCALLS);
+        let gs = lguest_guest::virt_to_phys(addr_of!(user_gs));
+        let mut regs = UserRegs::new(USER_CODE + (gs - start), USER_STACK_TOP);
+        regs.rdi = U2;
+        regs.rsi = SYS_GETGS;
+        let got = user::run(&regs);
+        user::set_syscalls(&user::DEFAULT_SYSCALLS);
+        let r = user::last_regs();
+        let seen = [r.r15, r.r14, r.r12, r.r13, r.rbx, rdgsbase()];
+        if got != Exit::Exited(0) || seen != [U, F, K, K, U2, K] {
+            fail(format_args!(
+                "segment bases: {got:x?}; user GS at start, FS, kernel GS in int $0x80 and in syscall, user GS after, \
+                 kernel GS after: {seen:#x?}, expected {:#x?}",
+                [U, F, K, K, U2, K]
+            ));
+        }
+        println!("user: GS bases: user {U:#x} -> {U2:#x} (wrgsbase), kernel {K:#x} in both entries, FS {F:#x}");
+
+        // kernel_sp0: entries from user mode land on the stack it names,
+        // and on SET_STACK's again once it is 0.
+        let base = lguest_guest::virt_to_phys(core::ptr::addr_of!(SECOND_STACK).cast::<u8>());
+        let top = base + 8192;
+        let mut frames = [0u64; 2];
+        for (i, sp0) in [top, 0].into_iter().enumerate() {
+            lguest_guest::data::set_kernel_sp0(sp0);
+            user::set_syscalls(&GS_SYSCALLS);
+            let mut regs = UserRegs::new(USER_CODE + (gs - start), USER_STACK_TOP);
+            regs.rdi = U2;
+            regs.rsi = SYS_GETSP;
+            let got = user::run(&regs);
+            user::set_syscalls(&user::DEFAULT_SYSCALLS);
+            if got != Exit::Exited(0) {
+                fail(format_args!("kernel_sp0 {sp0:#x}: {got:x?}"));
+            }
+            frames[i] = user::last_regs().r12;
+        }
+        if !(base..top).contains(&frames[0]) || (base..top).contains(&frames[1]) {
+            fail(format_args!(
+                "kernel_sp0: frames at {:#x} (wanted in {base:#x}..{top:#x}) and {:#x} (wanted outside it)",
+                frames[0], frames[1]
+            ));
+        }
+        println!("user: kernel_sp0: the entry's frame on the stack it names, and back on SET_STACK's at 0");
+    } else {
+        println!("user: no FSGSBASE: the segment-base program needs rdgsbase");
+    }
 
     // Exceptions in user mode: each kills the program with the vector,
     // error code and RIP hardware would give (RIP at the instruction for

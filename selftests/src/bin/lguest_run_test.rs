@@ -164,8 +164,8 @@ fn privileged_instructions() -> TestResult {
         ("hlt", vec![gp]),
         ("readcr3", vec![gp]),
         ("writecr3", vec![gp]),
-        ("in", vec![gp]),
-        ("out", vec![gp]),
+        ("readcr8", vec![gp]),
+        ("xsetbad", vec![gp]),
         ("wrmsr", vec![gp]),
         ("rdmsr", vec![gp]),
         ("syscall", vec!["#UD invalid opcode"]),
@@ -194,11 +194,37 @@ fn privileged_instructions() -> TestResult {
         }
     }
     // The FPU is the guest's: x87 and SSE instructions just run (the host
-    // loads the guest's FPU state at the first one).
-    for action in ["fpu", "sse"] {
+    // loads the guest's FPU state at the first one). The privileged
+    // instructions a kernel runs without a hook are emulated in guest
+    // kernel mode: port reads give all ones (a 32-bit one clears RAX's top
+    // half), writes and wbinvd do nothing, CR0 and CR4 read virtual values,
+    // xsetbv takes a valid XCR0.
+    let cr4 = "guest-ops: readcr4: cr4 = 0x";
+    let emulated: [(&str, &str); 9] = [
+        ("fpu", ""),
+        ("sse", ""),
+        ("in", "guest-ops: in: read 0xff\n"),
+        ("inl", "guest-ops: inl: read 0xffffffff\n"),
+        ("out", ""),
+        ("readcr0", "guest-ops: readcr0: cr0 = 0x80050033\n"),
+        ("readcr4", cr4),
+        ("wbinvd", ""),
+        ("xsetbv", "guest-ops: xsetbv: XCR0 set to 0x3\n"),
+    ];
+    for (action, want) in emulated {
         let o = run("guest-ops", &[action])?;
-        if o.code != 0 || !o.stdout.contains(&format!("guest-ops: {action}: survived")) {
-            failures.push(format!("{action}: wanted it to run and the guest to go on; {}", describe(&o)));
+        if o.code != 0 || !o.stdout.contains(&format!("guest-ops: {action}: survived")) || !o.stdout.contains(want) {
+            failures.push(format!("{action}: wanted it to run ({want:?}) and the guest to go on; {}", describe(&o)));
+            continue;
+        }
+        if action == "readcr4" {
+            // PAE, OSFXSR and OSXMMEXCPT, and no bit of the host's but
+            // FSGSBASE and OSXSAVE.
+            let line = o.stdout.lines().find(|l| l.starts_with(cr4)).unwrap_or_default();
+            let v = u64::from_str_radix(&line[cr4.len()..], 16).unwrap_or(0);
+            if v & 0x620 != 0x620 || v & !(0x620 | 0x1_0000 | 0x4_0000) != 0 {
+                failures.push(format!("readcr4: CR4 {v:#x}"));
+            }
         }
     }
     if !failures.is_empty() {
@@ -801,6 +827,24 @@ fn user_mode() -> TestResult {
         "no summary: {}",
         describe(&o)
     );
+    check!(
+        o.stdout.contains("user: 100000 syscall instructions: RCX, R11, RAX and 10 other registers right after each")
+            && o.stdout.contains("user: syscall with no entry registered: #UD at the instruction"),
+        "no syscall report: {}",
+        describe(&o)
+    );
+    // The segment-base program needs rdgsbase in guest user mode.
+    let fsgsbase = std::fs::read_to_string("/proc/cpuinfo").map(|s| s.contains(" fsgsbase")).unwrap_or(false);
+    if fsgsbase {
+        check!(o.stdout.contains("user: GS bases: user 0x70002000 -> 0x70004000"), "no GS base report: {}", describe(&o));
+        check!(
+            o.stdout.contains("user: kernel_sp0: the entry's frame on the stack it names, and back on SET_STACK's at 0"),
+            "no kernel_sp0 report: {}",
+            describe(&o)
+        );
+    } else {
+        println!("# no FSGSBASE on this host: the GS base swap is not checked");
+    }
     Ok(())
 }
 
