@@ -28,8 +28,10 @@ mod virtio;
 #[command(name = "lguest", version, about = "Run paravirtual guests on /dev/lguest", after_help = exit::EXIT_TABLE)]
 struct Cli {
     /// The lguest device node.
-    #[arg(long, default_value = "/dev/lguest", global = true)]
-    device: PathBuf,
+    // `--device` is its older name, kept as a hidden alias: it read like
+    // QEMU's -device (add a device).
+    #[arg(long = "dev-path", alias = "device", value_name = "PATH", default_value = "/dev/lguest", global = true)]
+    dev_path: PathBuf,
     /// More messages on stderr (-v: info and exit statistics, -vv: debug,
     /// -vvv: trace). RUST_LOG overrides it.
     #[arg(short, long, action = ArgAction::Count, global = true)]
@@ -145,10 +147,10 @@ enum Command {
 }
 
 fn version(cli: &Cli) -> Result<()> {
-    let lg = dev::Lguest::open(&cli.device)?;
+    let lg = dev::Lguest::open(&cli.dev_path)?;
     let v = lg.api_version().context("querying the module")?;
     println!("launcher {} (ABI {})", env!("CARGO_PKG_VERSION"), lguest_abi::LGUEST_API_VERSION);
-    println!("module ABI {v} at {}", cli.device.display());
+    println!("module ABI {v} at {}", cli.dev_path.display());
     if v != lguest_abi::LGUEST_API_VERSION {
         bail!("ABI mismatch: module speaks {v}, launcher {}", lguest_abi::LGUEST_API_VERSION);
     }
@@ -195,7 +197,7 @@ fn main() -> ExitCode {
             guest,
             args,
         } => run::run(&run::RunOptions {
-            device: cli.device.clone(),
+            device: cli.dev_path.clone(),
             mem_size: *memory,
             guest: guest.clone(),
             args: args.clone(),
@@ -245,7 +247,24 @@ mod tests {
         assert_eq!(guest, PathBuf::from("guest.elf"));
         assert!(args.is_empty());
         assert_eq!(cli.verbose, 0);
-        assert_eq!(cli.device, PathBuf::from("/dev/lguest"));
+        assert_eq!(cli.dev_path, PathBuf::from("/dev/lguest"));
+    }
+
+    /// `--dev-path` names the device node; `--device`, its old name, still
+    /// works (before or after the subcommand) but is not in the help.
+    #[test]
+    fn dev_path_and_its_hidden_alias() {
+        for args in [
+            &["--dev-path", "/tmp/lg", "run", "g.elf"][..],
+            &["run", "--dev-path=/tmp/lg", "g.elf"],
+            &["--device", "/tmp/lg", "version"],
+            &["run", "--device", "/tmp/lg", "g.elf"],
+        ] {
+            assert_eq!(parse(args).expect("parse").dev_path, PathBuf::from("/tmp/lg"), "{args:?}");
+        }
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("--dev-path <PATH>"), "{help}");
+        assert!(!help.contains("--device"), "{help}");
     }
 
     #[test]
