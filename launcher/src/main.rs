@@ -98,8 +98,10 @@ enum Command {
         /// default off); id=NAME (the ID the guest reads, at most 20
         /// characters); lock=on|off (default on: an exclusive lock, shared
         /// when read-only, so that two launchers cannot write one image).
-        /// The short forms FILE and FILE,ro still work. Writeback when the
-        /// driver negotiates FLUSH, writethrough otherwise. May be repeated.
+        /// The short forms FILE and FILE,ro still work. A comma in FILE is
+        /// written ",," (as in QEMU): path=a,,b.img is the file a,b.img.
+        /// Writeback when the driver negotiates FLUSH, writethrough
+        /// otherwise. May be repeated.
         #[arg(long, value_name = "path=FILE[,readonly=on][,direct=on][,id=NAME][,lock=off]")]
         disk: Vec<virtio::block::DiskOptions>,
         /// A virtio network device. Keys: tap=NAME (the TAP device, created
@@ -265,6 +267,16 @@ mod tests {
         let help = Cli::command().render_long_help().to_string();
         assert!(help.contains("--dev-path <PATH>"), "{help}");
         assert!(!help.contains("--device"), "{help}");
+    }
+
+    /// `--help` tells how to put a comma in a disk's path.
+    #[test]
+    fn help_shows_the_disk_comma_escape() {
+        let help = Cli::command().find_subcommand_mut("run").expect("run").render_long_help().to_string();
+        assert!(help.contains("A comma in FILE is written \",,\""), "{help}");
+        let cli = parse(&["run", "--disk", "path=a,,b.img,readonly=on", "g.elf"]).expect("parse");
+        let Command::Run { disk, .. } = cli.command else { panic!("not run") };
+        assert_eq!((disk[0].path.clone(), disk[0].read_only), (PathBuf::from("a,b.img"), true));
     }
 
     #[test]

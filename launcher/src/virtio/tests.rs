@@ -774,6 +774,21 @@ fn disk_options_parse() {
     }
 }
 
+/// A comma in a disk's path is written `,,` (QEMU's escape), in both
+/// forms; a single comma still separates options.
+#[test]
+fn disk_paths_with_commas() {
+    let path = |s: &str| s.parse::<DiskOptions>().map(|o| (o.path, o.read_only));
+    assert_eq!(path("path=a,,b.img"), Ok(("a,b.img".into(), false)));
+    assert_eq!(path("path=a,,b.img,readonly=on"), Ok(("a,b.img".into(), true)));
+    assert_eq!(path("readonly=on,path=/x/,,,,y"), Ok(("/x/,,y".into(), true)));
+    assert_eq!(path("a,,b.img,ro"), Ok(("a,b.img".into(), true)));
+    assert_eq!(path("img,,,ro"), Ok(("img,".into(), true)), "`,,` then `,`");
+    assert_eq!(path("a,b.img").map_err(|e| e.contains(",,")), Err(true), "a lone comma splits; the error says ,,");
+    assert_eq!(block::split_options("a,,b,c,,"), ["a,b", "c,"]);
+    assert_eq!(block::split_options(""), [""]);
+}
+
 /// One thing the block device asked of its disk.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum DiskOp {
