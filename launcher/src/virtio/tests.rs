@@ -1056,6 +1056,43 @@ fn net_config_and_offloads() {
     assert_eq!(net::offloads(FEATURES), 0, "no GUEST_CSUM: no offloads");
 }
 
+/// A reset clears the tap offloads the last negotiation set, at once
+/// rather than at the next DRIVER_OK; so does a device failure. A device
+/// that set none makes no ioctl at reset.
+#[test]
+fn net_reset_clears_the_tap_offloads() {
+    let mem = memory();
+    let features = FEATURES | net::VIRTIO_NET_F_GUEST_CSUM | net::VIRTIO_NET_F_GUEST_TSO4;
+    let (bus, _, _rx, mut tx, _host, ctl) = started_net(&mem, true, features);
+    let offload_calls = || ctl.0.lock().expect("lock").iter().filter(|c| c.0 == usize::MAX).map(|c| c.1).collect();
+    let calls: Vec<u32> = offload_calls();
+    assert_eq!(calls, [0x01 | 0x02], "CSUM | TSO4 set at DRIVER_OK");
+    testring::set_status(&mem, &bus, 0, 0);
+    let calls: Vec<u32> = offload_calls();
+    assert_eq!(calls, [0x03, 0], "cleared at the reset");
+    // A second reset has nothing to clear.
+    testring::set_status(&mem, &bus, 0, 0);
+    assert_eq!(offload_calls().len(), 2);
+    // Again with offloads, then a broken driver: the failure clears them.
+    let rx = testring::TestRing::new(&mem, RING0, 16);
+    rx.configure(&mem, 0, 0);
+    tx.configure(&mem, 0, 1);
+    assert_eq!(testring::start(&mem, &bus, 0, features), OK);
+    tx.add_chain(&mem, &[(BUF, 12, false), (BUF + 12, 60, true)]);
+    bus.service(0, kick(1));
+    assert!(needs_reset(&mem, 0));
+    let calls: Vec<u32> = offload_calls();
+    assert_eq!(calls, [0x03, 0, 0x03, 0], "cleared when the device failed");
+    // A driver without offloads: nothing to clear at its reset.
+    testring::set_status(&mem, &bus, 0, 0);
+    rx.configure(&mem, 0, 0);
+    testring::TestRing::new(&mem, RING1, 16).configure(&mem, 0, 1);
+    assert_eq!(testring::start(&mem, &bus, 0, FEATURES), OK);
+    testring::set_status(&mem, &bus, 0, 0);
+    let calls: Vec<u32> = offload_calls();
+    assert_eq!(calls, [0x03, 0, 0x03, 0, 0], "only the activation's own (none)");
+}
+
 #[test]
 fn net_receive_batches_interrupts() {
     let mem = memory();
