@@ -18,6 +18,7 @@ mod dev;
 mod exit;
 mod loader;
 mod memory;
+mod ratelimit;
 mod run;
 mod sandbox;
 mod signals;
@@ -133,8 +134,11 @@ enum Command {
         #[arg(long, value_name = "off|log|on")]
         seccomp: Option<sandbox::SeccompMode>,
         /// Print the counters on stderr at exit: the vCPU's exits and
-        /// hypercalls, the device interrupts, and per device its kicks,
-        /// interrupts, packets or requests, bytes and drops; as text (the
+        /// hypercalls, the device interrupts, the guest's stray
+        /// notifications, and per device its kicks, interrupts, packets or
+        /// requests, bytes, drops and driver errors (resets needed,
+        /// unoffered features; their warnings are rate-limited to a few a
+        /// second, and the counts say how many were held back); as text (the
         /// default) or --stats=json (one JSON object). SIGUSR1 prints the
         /// same while the guest runs.
         #[arg(long, value_name = "text|json", num_args = 0..=1, require_equals = true, default_missing_value = "text")]

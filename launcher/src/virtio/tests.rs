@@ -114,6 +114,38 @@ fn unoffered_features_are_refused() {
     assert_ne!(s & VIRTIO_STATUS_FEATURES_OK, 0, "FEATURES_OK kept");
 }
 
+/// A driver that resets and breaks the device in a loop, or keeps taking
+/// features that were not offered, is counted per device in --stats (text
+/// and JSON), and all but a burst of its warnings are held back.
+#[test]
+fn a_reset_and_break_loop_is_counted_and_rate_limited() {
+    let mem = memory();
+    let (bus, _) = bus(&mem, vec![Box::new(Rng), Box::new(Rng)]);
+    let broken = VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER | VIRTIO_STATUS_DRIVER_OK;
+    for _ in 0..200 {
+        testring::set_status(&mem, &bus, 0, 0);
+        testring::set_status(&mem, &bus, 0, broken);
+        assert!(needs_reset(&mem, 0));
+    }
+    for _ in 0..50 {
+        testring::set_status(&mem, &bus, 1, 0);
+        testring::negotiate(&mem, &bus, 1, FEATURES | 1 << 50);
+    }
+    let (failures, features) = bus.driver_errors(0);
+    assert_eq!((failures.count(), features.count()), (200, 0));
+    assert!(failures.suppressed() >= 200 - 2 * u64::from(crate::ratelimit::BURST), "{}", failures.suppressed());
+    let (failures, features) = bus.driver_errors(1);
+    assert_eq!((failures.count(), features.count()), (0, 50));
+    assert!(features.suppressed() >= 50 - 2 * u64::from(crate::ratelimit::BURST));
+    let json = bus.stats_json();
+    assert_eq!((json[0]["needed_reset"].as_u64(), json[0]["unoffered_features"].as_u64()), (Some(200), Some(0)));
+    assert_eq!(json[0]["warnings_suppressed"].as_u64(), Some(bus.driver_errors(0).0.suppressed()));
+    assert_eq!((json[1]["needed_reset"].as_u64(), json[1]["unoffered_features"].as_u64()), (Some(0), Some(50)));
+    let text = bus.stats();
+    assert!(text.contains("  driver errors: 200 resets needed, 0 unoffered feature sets ("), "{text}");
+    assert!(text.contains("  driver errors: 0 resets needed, 50 unoffered feature sets ("), "{text}");
+}
+
 #[test]
 fn driver_ok_without_features_ok_needs_reset() {
     let mem = memory();
