@@ -18,7 +18,12 @@ use lguest_abi as abi;
 
 use crate::dev::ExitData;
 use crate::memory::GuestMemory;
+use crate::ratelimit::GuestWarnings;
 use crate::virtio::bus::Bus;
+
+/// Notifications outside RAM and the device window: counted for
+/// `--stats`, and rate-limited on stderr (a guest can make them in a loop).
+pub static STRAY_NOTIFY: GuestWarnings = GuestWarnings::new();
 
 /// The most bytes one console notification prints.
 pub const CONSOLE_MAX: usize = 4096;
@@ -131,11 +136,13 @@ pub fn handle_exit(
                     log::debug!("device notification at {addr:#x} (argument {:#x}) means nothing", exit.notify_arg);
                 }
             } else {
-                log::warn!(
-                    "guest notified {addr:#x}, outside RAM and the device window [{:#x}-{:#x}); ignored",
-                    mem.mem_size(),
-                    mem.total_size()
-                );
+                STRAY_NOTIFY.warn(|| {
+                    format!(
+                        "guest notified {addr:#x}, outside RAM and the device window [{:#x}-{:#x}); ignored",
+                        mem.mem_size(),
+                        mem.total_size()
+                    )
+                });
             }
             Ok(Action::Continue)
         }
@@ -227,6 +234,25 @@ mod tests {
         assert_eq!((action, out.len()), (Action::Continue, 0));
         let (action, out) = run(&notify(u64::MAX), &mem);
         assert_eq!((action, out.len()), (Action::Continue, 0));
+    }
+
+    /// Stray notifications are counted (for --stats) and rate-limited:
+    /// a loop of them logs at most a burst per second.
+    #[test]
+    fn stray_notifications_are_counted_and_rate_limited() {
+        let mem = memory();
+        let (count, suppressed) = (STRAY_NOTIFY.count(), STRAY_NOTIFY.suppressed());
+        for _ in 0..100 {
+            assert_eq!(run(&notify(MEM + (64 << 20)), &mem).0, Action::Continue);
+        }
+        // Other tests may notify stray addresses at the same time.
+        assert!(STRAY_NOTIFY.count() >= count + 100);
+        assert!(STRAY_NOTIFY.suppressed() >= suppressed + 100 - u64::from(crate::ratelimit::BURST) * 2);
+        // Console strings and device notifications are not stray.
+        let before = STRAY_NOTIFY.count();
+        run(&notify(0x10_0000), &mem);
+        run(&notify(MEM), &mem);
+        assert!(STRAY_NOTIFY.count() - before < 2, "not counted");
     }
 
     #[test]

@@ -16,8 +16,16 @@
 //! must lie inside an executable (`PF_X`) segment's guest-physical range: the
 //! guest starts with virtual = physical. Every error names the file and the
 //! segment (by its index in the program header table).
+//!
+//! [`load_file`] takes only a regular file (`/dev/zero`, a FIFO or a
+//! directory is an error naming the path and what it is) and reads only
+//! what it needs with positioned reads: the ELF header, the program header
+//! table (within the first [`MAX_HEADERS`] bytes), then each segment's file
+//! bytes, which fit in guest RAM; so a huge file costs no more than that.
 
 use std::fmt;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
 use goblin::container::{Container, Ctx, Endian};
@@ -78,6 +86,15 @@ pub enum Problem {
     /// The file could not be read.
     #[error("cannot read the file")]
     Read(#[source] std::io::Error),
+    /// Not a regular file (`/dev/zero`, a FIFO, a directory).
+    #[error("not a regular file ({0}); the guest must be an ELF file")]
+    NotRegular(&'static str),
+    /// The program header table ends past the part the loader reads.
+    #[error("the program header table ends at {end:#x}, past the first {MAX_HEADERS:#x} bytes that hold the headers")]
+    HeadersTooFar {
+        /// Its end in the file.
+        end: u64,
+    },
     /// The file is empty.
     #[error("the file is empty")]
     Empty,
@@ -244,35 +261,136 @@ pub struct Image {
     pub segments: Vec<Segment>,
 }
 
-/// Reads the guest at `path`, checks it, and loads it into `mem`.
-pub fn load_file(path: &Path, mem: &GuestMemory) -> Result<Image, LoadError> {
-    let file = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| LoadError { file: file.clone(), problem: Problem::Read(e) })?;
-    load(&file, &bytes, mem)
+/// The most bytes of headers (the ELF header and the program header
+/// table) the loader reads from a file: a table of 65535 entries at the
+/// usual offset fits easily.
+pub const MAX_HEADERS: u64 = 4 << 20;
+
+/// Where the loader reads an image from: positioned reads, so that only
+/// the headers and the segments' bytes are read (a file in the launcher,
+/// a fake that counts the reads in tests).
+pub trait ReadAt {
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
 }
 
-/// Checks the ELF image `bytes` (called `file` in errors) and loads it into
-/// `mem`. Nothing is written unless every check passes.
-pub fn load(file: &str, bytes: &[u8], mem: &GuestMemory) -> Result<Image, LoadError> {
+impl ReadAt for File {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        FileExt::read_exact_at(self, buf, offset)
+    }
+}
+
+/// What kind of file, for the error about a guest that is not a regular one.
+fn file_kind(ty: std::fs::FileType) -> &'static str {
+    if ty.is_dir() {
+        "a directory"
+    } else if ty.is_char_device() {
+        "a character device"
+    } else if ty.is_block_device() {
+        "a block device"
+    } else if ty.is_fifo() {
+        "a FIFO"
+    } else if ty.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Reads the guest at `path`, checks it, and loads it into `mem`.
+///
+/// The file must be a regular file (so `/dev/zero`, a FIFO or a terminal is
+/// refused at once, without reading), and only its headers and its
+/// segments' bytes are read: a huge file costs no more than its segments,
+/// which must fit in guest RAM. It is opened `O_NONBLOCK`, so that opening
+/// a FIFO does not wait for a writer.
+pub fn load_file(path: &Path, mem: &GuestMemory) -> Result<Image, LoadError> {
+    let name = path.display().to_string();
+    let fail = |problem| LoadError { file: name.clone(), problem };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| fail(Problem::Read(e)))?;
+    let meta = file.metadata().map_err(|e| fail(Problem::Read(e)))?;
+    if !meta.file_type().is_file() {
+        return Err(fail(Problem::NotRegular(file_kind(meta.file_type()))));
+    }
+    load_from(&name, &file, meta.len(), mem)
+}
+
+/// Checks the image of `len` bytes that `src` reads (called `file` in
+/// errors) and loads it into `mem`, reading only the headers and the
+/// segments. Nothing is written unless every check passes and every
+/// segment was read.
+pub fn load_from(file: &str, src: &dyn ReadAt, len: u64, mem: &GuestMemory) -> Result<Image, LoadError> {
     let fail = |problem| LoadError { file: file.to_owned(), problem };
-    let image = check(bytes, mem.mem_size()).map_err(fail)?;
+    let headers = read_headers(src, len).map_err(fail)?;
+    let image = check_headers(&headers, len, mem.mem_size()).map_err(fail)?;
+    let mut data = Vec::new();
     for seg in &image.segments {
-        copy_segment(bytes, seg, mem).map_err(fail)?;
+        // CAST: a checked segment's file bytes fit in guest RAM (at most
+        // 4 GiB), so in usize.
+        let mut bytes = vec![0u8; seg.filesz as usize];
+        src.read_exact_at(&mut bytes, seg.offset).map_err(|e| fail(Problem::Read(e)))?;
+        data.push(bytes);
+    }
+    for (seg, bytes) in image.segments.iter().zip(&data) {
+        mem.write(seg.paddr, bytes).map_err(|e| fail(Problem::Memory(e)))?;
+        mem.zero(seg.paddr + seg.filesz, seg.memsz - seg.filesz).map_err(|e| fail(Problem::Memory(e)))?;
     }
     Ok(image)
 }
 
-/// Copies one checked segment: its file bytes, then zeroes up to `p_memsz`.
-fn copy_segment(bytes: &[u8], seg: &Segment, mem: &GuestMemory) -> Result<(), Problem> {
-    // `check` proved the file range is inside `bytes`; stay defensive anyway.
-    let range = Range { start: seg.offset, end: seg.offset.saturating_add(seg.filesz) };
-    let data = usize::try_from(range.start)
-        .ok()
-        .zip(usize::try_from(range.end).ok())
-        .and_then(|(start, end)| bytes.get(start..end))
-        .ok_or(Problem::FileRange { index: seg.index, range, len: len64(bytes) })?;
-    mem.write(seg.paddr, data).map_err(Problem::Memory)?;
-    mem.zero(seg.paddr + seg.filesz, seg.memsz - seg.filesz).map_err(Problem::Memory)
+/// The first bytes of an image of `len` bytes: the ELF header and, if the
+/// header is ELF64 little-endian and the table lies inside the file, the
+/// whole program header table (the checks report anything else).
+fn read_headers(src: &dyn ReadAt, len: u64) -> Result<Vec<u8>, Problem> {
+    // CAST: at most EHDR_SIZE.
+    let mut head = vec![0u8; len.min(EHDR_SIZE as u64) as usize];
+    src.read_exact_at(&mut head, 0).map_err(Problem::Read)?;
+    let elf64le = head.len() == EHDR_SIZE
+        && head[..header::SELFMAG] == header::ELFMAG[..]
+        && head[header::EI_CLASS] == header::ELFCLASS64
+        && head[header::EI_DATA] == header::ELFDATA2LSB;
+    if !elf64le {
+        return Ok(head);
+    }
+    let mut phoff = [0u8; 8];
+    phoff.copy_from_slice(&head[32..40]);
+    let phoff = u64::from_le_bytes(phoff);
+    let phnum = u64::from(u16::from_le_bytes([head[56], head[57]]));
+    let end = phoff.saturating_add(phnum * PHDR_SIZE as u64);
+    if end <= EHDR_SIZE as u64 || end > len {
+        return Ok(head);
+    }
+    if end > MAX_HEADERS {
+        return Err(Problem::HeadersTooFar { end });
+    }
+    // CAST: at most MAX_HEADERS.
+    head.resize(end as usize, 0);
+    src.read_exact_at(&mut head[EHDR_SIZE..], EHDR_SIZE as u64).map_err(Problem::Read)?;
+    Ok(head)
+}
+
+/// Checks the ELF image `bytes` (called `file` in errors) and loads it into
+/// `mem`. Nothing is written unless every check passes.
+#[cfg(test)]
+pub fn load(file: &str, bytes: &[u8], mem: &GuestMemory) -> Result<Image, LoadError> {
+    load_from(file, &bytes, len64(bytes), mem)
+}
+
+/// An image in memory (tests).
+#[cfg(test)]
+impl ReadAt for &[u8] {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let data = usize::try_from(offset)
+            .ok()
+            .and_then(|start| self.get(start..start.checked_add(buf.len())?))
+            .ok_or(std::io::ErrorKind::UnexpectedEof)?;
+        buf.copy_from_slice(data);
+        Ok(())
+    }
 }
 
 /// The length of a byte slice as u64.
@@ -363,9 +481,15 @@ fn check_segment(index: usize, ph: &ProgramHeader, file_len: u64, mem_size: u64)
 
 /// Checks the image `bytes` for a guest with `mem_size` bytes of RAM,
 /// without touching guest memory.
+#[cfg(test)]
 pub fn check(bytes: &[u8], mem_size: u64) -> Result<Image, Problem> {
+    check_headers(bytes, len64(bytes), mem_size)
+}
+
+/// Checks an image of `file_len` bytes whose first bytes, at least its
+/// headers ([`read_headers`]), are `bytes`.
+fn check_headers(bytes: &[u8], file_len: u64, mem_size: u64) -> Result<Image, Problem> {
     let hdr = check_header(bytes)?;
-    let file_len = len64(bytes);
     if usize::from(hdr.e_phentsize) != PHDR_SIZE {
         return Err(Problem::PhentSize(hdr.e_phentsize));
     }
@@ -374,6 +498,10 @@ pub fn check(bytes: &[u8], mem_size: u64) -> Result<Image, Problem> {
     let table = Range { start: hdr.e_phoff, end: hdr.e_phoff.saturating_add(table_len) };
     if hdr.e_phoff.checked_add(table_len).is_none_or(|end| end > file_len) {
         return Err(Problem::Truncated { what: "the program header table", range: table, len: file_len });
+    }
+    if table.end > len64(bytes) {
+        // Only a table past MAX_HEADERS was not read.
+        return Err(Problem::HeadersTooFar { end: table.end });
     }
     let phoff = usize::try_from(hdr.e_phoff).map_err(|e| Problem::Parse(e.to_string()))?;
     let ctx = Ctx::new(Container::Big, Endian::Little);
@@ -560,6 +688,129 @@ pub(crate) mod tests {
         let mut text = [0xFFu8; 0x20];
         mem.read(0x10_0000, &mut text).expect("read");
         assert_eq!(text, [0; 0x20]);
+    }
+
+    /// A temporary path, removed when dropped.
+    struct TempPath(std::path::PathBuf);
+
+    impl TempPath {
+        fn new(what: &str) -> Self {
+            static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Self(std::env::temp_dir().join(format!("lguest-loader-test-{}-{what}-{n}", std::process::id())))
+        }
+    }
+
+    impl Drop for TempPath {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0).or_else(|_| std::fs::remove_dir(&self.0));
+        }
+    }
+
+    /// An image of `len` bytes made of `pieces` (offset, bytes) and zeros
+    /// elsewhere, that counts the bytes read.
+    struct Sparse {
+        len: u64,
+        pieces: Vec<(u64, Vec<u8>)>,
+        read: std::cell::Cell<u64>,
+    }
+
+    impl ReadAt for Sparse {
+        fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            let end = offset + buf.len() as u64;
+            if end > self.len {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            buf.fill(0);
+            for (at, bytes) in &self.pieces {
+                let (from, to) = (offset.max(*at), end.min(at + bytes.len() as u64));
+                if from < to {
+                    buf[(from - offset) as usize..(to - offset) as usize]
+                        .copy_from_slice(&bytes[(from - at) as usize..(to - at) as usize]);
+                }
+            }
+            self.read.set(self.read.get() + buf.len() as u64);
+            Ok(())
+        }
+    }
+
+    /// `/dev/zero`, a directory or a FIFO is refused before anything is
+    /// read, with the path and what it is; opening the FIFO (no writer)
+    /// does not block.
+    #[test]
+    fn load_file_refuses_what_is_not_a_regular_file() {
+        let shown = |path: &Path| format!("{:#}", anyhow::Error::new(load_file(path, &memory()).expect_err("refused")));
+        assert_eq!(
+            shown(Path::new("/dev/zero")),
+            "/dev/zero: not a regular file (a character device); the guest must be an ELF file"
+        );
+        let dir = TempPath::new("dir");
+        std::fs::create_dir(&dir.0).expect("mkdir");
+        assert!(shown(&dir.0).ends_with(": not a regular file (a directory); the guest must be an ELF file"));
+        let fifo = TempPath::new("fifo");
+        let name = std::ffi::CString::new(fifo.0.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: mkfifo reads the NUL-terminated path, a live CString.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0, "mkfifo");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.0.clone();
+        std::thread::spawn(move || tx.send(shown(&path)).expect("send"));
+        let msg = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("opening a FIFO must not block");
+        assert!(msg.ends_with(": not a regular file (a FIFO); the guest must be an ELF file"), "{msg}");
+    }
+
+    /// Only the headers and the segments' file bytes are read, however
+    /// long the file is; the loaded guest is the same as from a buffer.
+    #[test]
+    fn only_the_headers_and_the_segments_are_read() {
+        let img = guest_image();
+        let bytes = img.build();
+        let src = Sparse { len: 16 << 20, pieces: vec![(0, bytes.clone())], read: Default::default() };
+        let mem = memory();
+        let image = load_from("big.elf", &src, src.len, &mem).expect("loads");
+        assert_eq!(image, check(&bytes, MEM).expect("valid"));
+        let headers = (EHDR_SIZE + PHDR_SIZE * img.phdrs.len()) as u64;
+        assert_eq!(src.read.get(), headers + 0x20 + 0x10, "headers, then the two segments");
+        let mut text = [0u8; 0x20];
+        mem.read(0x10_0000, &mut text).expect("read text");
+        assert_eq!(text.to_vec(), (0..0x20).collect::<Vec<u8>>());
+    }
+
+    /// A real file far larger than guest RAM (sparse: 1 TiB) loads at once.
+    #[test]
+    fn a_huge_file_loads_without_reading_it_all() {
+        let path = TempPath::new("huge");
+        std::fs::write(&path.0, guest_image().build()).expect("write");
+        std::fs::OpenOptions::new().write(true).open(&path.0).expect("open").set_len(1 << 40).expect("set_len");
+        let start = std::time::Instant::now();
+        let image = load_file(&path.0, &memory()).expect("loads");
+        assert_eq!(image.entry, 0x10_0010);
+        assert!(start.elapsed() < std::time::Duration::from_secs(10), "took {:?}", start.elapsed());
+    }
+
+    /// A program header table far into the file is refused by name, not
+    /// read into memory.
+    #[test]
+    fn a_program_header_table_far_away_is_refused() {
+        let mut bytes = guest_image().build();
+        let table = bytes[EHDR_SIZE..EHDR_SIZE + 4 * PHDR_SIZE].to_vec();
+        let far = 8u64 << 20;
+        bytes[32..40].copy_from_slice(&far.to_le_bytes());
+        let src = Sparse { len: 16 << 20, pieces: vec![(0, bytes), (far, table)], read: Default::default() };
+        let err = load_from("far.elf", &src, src.len, &memory()).expect_err("refused");
+        assert!(matches!(err.problem, Problem::HeadersTooFar { end } if end == far + 4 * PHDR_SIZE as u64), "{err}");
+        assert_eq!(src.read.get(), EHDR_SIZE as u64, "only the ELF header was read");
+        assert!(err.to_string().starts_with("far.elf: the program header table ends at 0x8000e0"), "{err}");
+    }
+
+    /// A file that is shorter than its segments say is still reported as
+    /// such (the length comes from fstat, not from the bytes read).
+    #[test]
+    fn a_truncated_file_is_reported_from_its_length() {
+        let bytes = guest_image().build();
+        let path = TempPath::new("short");
+        std::fs::write(&path.0, &bytes[..0x1010]).expect("write");
+        let err = load_file(&path.0, &memory()).expect_err("truncated");
+        assert!(matches!(err.problem, Problem::FileRange { index: 0, len: 0x1010, .. }), "{err}");
     }
 
     #[test]

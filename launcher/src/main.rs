@@ -18,6 +18,7 @@ mod dev;
 mod exit;
 mod loader;
 mod memory;
+mod ratelimit;
 mod run;
 mod sandbox;
 mod signals;
@@ -28,8 +29,10 @@ mod virtio;
 #[command(name = "lguest", version, about = "Run paravirtual guests on /dev/lguest", after_help = exit::EXIT_TABLE)]
 struct Cli {
     /// The lguest device node.
-    #[arg(long, default_value = "/dev/lguest", global = true)]
-    device: PathBuf,
+    // `--device` is its older name, kept as a hidden alias: it read like
+    // QEMU's -device (add a device).
+    #[arg(long = "dev-path", alias = "device", value_name = "PATH", default_value = "/dev/lguest", global = true)]
+    dev_path: PathBuf,
     /// More messages on stderr (-v: info and exit statistics, -vv: debug,
     /// -vvv: trace). RUST_LOG overrides it.
     #[arg(short, long, action = ArgAction::Count, global = true)]
@@ -96,8 +99,10 @@ enum Command {
         /// default off); id=NAME (the ID the guest reads, at most 20
         /// characters); lock=on|off (default on: an exclusive lock, shared
         /// when read-only, so that two launchers cannot write one image).
-        /// The short forms FILE and FILE,ro still work. Writeback when the
-        /// driver negotiates FLUSH, writethrough otherwise. May be repeated.
+        /// The short forms FILE and FILE,ro still work. A comma in FILE is
+        /// written ",," (as in QEMU): path=a,,b.img is the file a,b.img.
+        /// Writeback when the driver negotiates FLUSH, writethrough
+        /// otherwise. May be repeated.
         #[arg(long, value_name = "path=FILE[,readonly=on][,direct=on][,id=NAME][,lock=off]")]
         disk: Vec<virtio::block::DiskOptions>,
         /// A virtio network device. Keys: tap=NAME (the TAP device, created
@@ -129,8 +134,11 @@ enum Command {
         #[arg(long, value_name = "off|log|on")]
         seccomp: Option<sandbox::SeccompMode>,
         /// Print the counters on stderr at exit: the vCPU's exits and
-        /// hypercalls, the device interrupts, and per device its kicks,
-        /// interrupts, packets or requests, bytes and drops; as text (the
+        /// hypercalls, the device interrupts, the guest's stray
+        /// notifications, and per device its kicks, interrupts, packets or
+        /// requests, bytes, drops and driver errors (resets needed,
+        /// unoffered features; their warnings are rate-limited to a few a
+        /// second, and the counts say how many were held back); as text (the
         /// default) or --stats=json (one JSON object). SIGUSR1 prints the
         /// same while the guest runs.
         #[arg(long, value_name = "text|json", num_args = 0..=1, require_equals = true, default_missing_value = "text")]
@@ -145,10 +153,10 @@ enum Command {
 }
 
 fn version(cli: &Cli) -> Result<()> {
-    let lg = dev::Lguest::open(&cli.device)?;
+    let lg = dev::Lguest::open(&cli.dev_path)?;
     let v = lg.api_version().context("querying the module")?;
     println!("launcher {} (ABI {})", env!("CARGO_PKG_VERSION"), lguest_abi::LGUEST_API_VERSION);
-    println!("module ABI {v} at {}", cli.device.display());
+    println!("module ABI {v} at {}", cli.dev_path.display());
     if v != lguest_abi::LGUEST_API_VERSION {
         bail!("ABI mismatch: module speaks {v}, launcher {}", lguest_abi::LGUEST_API_VERSION);
     }
@@ -195,7 +203,7 @@ fn main() -> ExitCode {
             guest,
             args,
         } => run::run(&run::RunOptions {
-            device: cli.device.clone(),
+            device: cli.dev_path.clone(),
             mem_size: *memory,
             guest: guest.clone(),
             args: args.clone(),
@@ -245,7 +253,34 @@ mod tests {
         assert_eq!(guest, PathBuf::from("guest.elf"));
         assert!(args.is_empty());
         assert_eq!(cli.verbose, 0);
-        assert_eq!(cli.device, PathBuf::from("/dev/lguest"));
+        assert_eq!(cli.dev_path, PathBuf::from("/dev/lguest"));
+    }
+
+    /// `--dev-path` names the device node; `--device`, its old name, still
+    /// works (before or after the subcommand) but is not in the help.
+    #[test]
+    fn dev_path_and_its_hidden_alias() {
+        for args in [
+            &["--dev-path", "/tmp/lg", "run", "g.elf"][..],
+            &["run", "--dev-path=/tmp/lg", "g.elf"],
+            &["--device", "/tmp/lg", "version"],
+            &["run", "--device", "/tmp/lg", "g.elf"],
+        ] {
+            assert_eq!(parse(args).expect("parse").dev_path, PathBuf::from("/tmp/lg"), "{args:?}");
+        }
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("--dev-path <PATH>"), "{help}");
+        assert!(!help.contains("--device"), "{help}");
+    }
+
+    /// `--help` tells how to put a comma in a disk's path.
+    #[test]
+    fn help_shows_the_disk_comma_escape() {
+        let help = Cli::command().find_subcommand_mut("run").expect("run").render_long_help().to_string();
+        assert!(help.contains("A comma in FILE is written \",,\""), "{help}");
+        let cli = parse(&["run", "--disk", "path=a,,b.img,readonly=on", "g.elf"]).expect("parse");
+        let Command::Run { disk, .. } = cli.command else { panic!("not run") };
+        assert_eq!((disk[0].path.clone(), disk[0].read_only), (PathBuf::from("a,b.img"), true));
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! it inherit the empty sets, the helpers started earlier call it
 //! themselves). Then each thread installs the filter of its [`Role`]
 //! ([`enter`]): the list of the system calls that thread type makes, and
-//! for the vCPU thread only lguest's own ioctls and the terminal's.
+//! for the vCPU thread only lguest's own ioctls, the terminal's and the tap's
+//! two of the status protocol (TUNSETVNETHDRSZ, TUNSETOFFLOAD).
 //!
 //! `--seccomp=on`: a system call outside the list raises SIGSYS, whose
 //! handler prints which thread made which call and ends the launcher with
@@ -158,14 +159,18 @@ fn program(role: Role, mismatch: SeccompAction) -> Result<BpfProgram, SandboxErr
         rules.insert(nr, Vec::new());
     }
     if role == Role::Vcpu {
-        // lguest's ioctls (type byte 0xAF) and the terminal's (raw mode
-        // restored at the end): TCGETS, TCSETS.
+        // lguest's ioctls (type byte 0xAF), the terminal's (raw mode
+        // restored at the end): TCGETS, TCSETS, and the tap's that the
+        // status protocol makes on this thread (a net device's activation
+        // at DRIVER_OK and its reset): TUNSETVNETHDRSZ, TUNSETOFFLOAD.
         let cmd =
             |op: SeccompCmpOp, v: u64| SeccompCondition::new(1, SeccompCmpArgLen::Dword, op, v).map_err(|e| err(&e));
         let lguest = SeccompRule::new(vec![cmd(SeccompCmpOp::MaskedEq(0xff00), 0xaf00)?]).map_err(|e| err(&e))?;
-        let tcgets = SeccompRule::new(vec![cmd(SeccompCmpOp::Eq, libc::TCGETS)?]).map_err(|e| err(&e))?;
-        let tcsets = SeccompRule::new(vec![cmd(SeccompCmpOp::Eq, libc::TCSETS)?]).map_err(|e| err(&e))?;
-        rules.insert(libc::SYS_ioctl, vec![lguest, tcgets, tcsets]);
+        let mut v = vec![lguest];
+        for request in [libc::TCGETS, libc::TCSETS, libc::TUNSETVNETHDRSZ, libc::TUNSETOFFLOAD] {
+            v.push(SeccompRule::new(vec![cmd(SeccompCmpOp::Eq, request)?]).map_err(|e| err(&e))?);
+        }
+        rules.insert(libc::SYS_ioctl, v);
     }
     let arch = std::env::consts::ARCH.try_into().map_err(|e| err(&e))?;
     let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, arch).map_err(|e| err(&e))?;
@@ -367,5 +372,35 @@ mod tests {
         let mut u: libc::utsname = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
         assert_eq!(unsafe { libc::uname(&mut u) }, 0, "the filter leaked to another thread");
+    }
+
+    /// The vCPU thread's filter lets through the tap ioctls of a net
+    /// device's activation and reset (which the status protocol runs on
+    /// that thread), and still refuses other ioctls.
+    #[test]
+    fn the_vcpu_filter_allows_the_tap_offload_ioctls() {
+        let prog = program(Role::Vcpu, SeccompAction::Errno(libc::EPERM as u32)).expect("filter");
+        let errnos = std::thread::spawn(move || {
+            let file = std::fs::File::open("/dev/null").expect("/dev/null");
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+            seccompiler::apply_filter(&prog).expect("install");
+            let size: libc::c_int = 12;
+            let mut n: libc::c_int = 0;
+            // SAFETY: ioctls on /dev/null, which refuses them (ENOTTY)
+            // without touching memory; the pointers are to live locals.
+            unsafe {
+                let hdr = libc::ioctl(fd, libc::TUNSETVNETHDRSZ, &size as *const libc::c_int);
+                let hdr = (hdr, io::Error::last_os_error().raw_os_error());
+                let off = libc::ioctl(fd, libc::TUNSETOFFLOAD, 0 as libc::c_ulong);
+                let off = (off, io::Error::last_os_error().raw_os_error());
+                let other = libc::ioctl(fd, libc::FIONREAD, &mut n as *mut libc::c_int);
+                (hdr, off, (other, io::Error::last_os_error().raw_os_error()))
+            }
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(errnos.0, (-1, Some(libc::ENOTTY)), "TUNSETVNETHDRSZ reached the kernel");
+        assert_eq!(errnos.1, (-1, Some(libc::ENOTTY)), "TUNSETOFFLOAD reached the kernel");
+        assert_eq!(errnos.2, (-1, Some(libc::EPERM)), "FIONREAD was refused by the filter");
     }
 }

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 //! virtio-blk (device ID 2) over a host file or block device:
 //! `--disk path=FILE[,readonly=on][,direct=on][,id=NAME][,lock=off]`, or
-//! the short forms `--disk FILE` and `--disk FILE,ro`.
+//! the short forms `--disk FILE` and `--disk FILE,ro`; a comma in FILE is
+//! written `,,`, as in QEMU's option lists.
 //!
 //! One request queue. Each request is a 16-byte device-readable header
 //! (type, reserved, sector), data, and a device-writable status byte at the
@@ -107,16 +108,37 @@ pub fn on_off(key: &str, value: &str) -> Result<bool, String> {
     }
 }
 
+/// Splits an option list at its commas, QEMU's way: a doubled comma `,,`
+/// is a literal comma inside an item (so `path=a,,b.img,ro` is `path=a,b.img`
+/// and `ro`).
+pub fn split_options(s: &str) -> Vec<String> {
+    let mut parts = Vec::new();
+    let mut item = String::new();
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            ',' if chars.next_if_eq(&',').is_some() => item.push(','),
+            ',' => parts.push(std::mem::take(&mut item)),
+            c => item.push(c),
+        }
+    }
+    parts.push(item);
+    parts
+}
+
 impl std::str::FromStr for DiskOptions {
     type Err = String;
 
     /// `path=FILE,readonly=on|off,direct=on|off,id=NAME,lock=on|off` in any
-    /// order, or `FILE[,KEY=VALUE...]` and `FILE,ro` (kvmtool's form).
+    /// order, or `FILE[,KEY=VALUE...]` and `FILE,ro` (kvmtool's form). A
+    /// comma in FILE is written `,,` ([`split_options`]).
     fn from_str(s: &str) -> Result<Self, String> {
-        const USAGE: &str = "expected path=FILE[,readonly=on][,direct=on][,id=NAME][,lock=off] or FILE[,ro]";
+        const USAGE: &str =
+            "expected path=FILE[,readonly=on][,direct=on][,id=NAME][,lock=off] or FILE[,ro], with ,, for a comma in FILE";
         let mut opts = Self::new("");
         let mut path = None;
-        for (i, part) in s.split(',').enumerate() {
+        let parts = split_options(s);
+        for (i, part) in parts.iter().map(String::as_str).enumerate() {
             match part.split_once('=') {
                 Some(("path", p)) => path = Some(p),
                 Some(("readonly", v)) => opts.read_only = on_off("readonly", v)?,

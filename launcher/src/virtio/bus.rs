@@ -45,6 +45,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{DeviceStats, Events, Queues, VirtioDevice, TRANSPORT_FEATURES, VIRTIO_F_RING_EVENT_IDX};
 use crate::memory::GuestMemory;
+use crate::ratelimit::GuestWarnings;
 
 /// Something that raises one guest interrupt line.
 pub trait IrqLine: Send + Sync {
@@ -124,6 +125,11 @@ struct Device<'a> {
     line: Box<dyn IrqLine + 'a>,
     inner: Mutex<Inner>,
     stats: DeviceStats,
+    /// The device needed a reset (the driver broke a rule): counted and
+    /// rate-limited, since a driver can break it in a loop.
+    failures: GuestWarnings,
+    /// The driver took features that were not offered: likewise.
+    bad_features: GuestWarnings,
 }
 
 impl Device<'_> {
@@ -270,6 +276,8 @@ impl<'a> Bus<'a> {
                     start_pending: false,
                 }),
                 stats: DeviceStats::default(),
+                failures: GuestWarnings::new(),
+                bad_features: GuestWarnings::new(),
             });
         }
         Ok(Self {
@@ -421,7 +429,7 @@ impl<'a> Bus<'a> {
     /// Stops a device whose driver broke the rules: DEVICE_NEEDS_RESET and
     /// a configuration interrupt.
     fn fail(&self, dev: &Device<'_>, inner: &mut Inner, why: &dyn std::fmt::Display) {
-        log::warn!("{}: {why}; the device needs a reset", dev.name);
+        dev.failures.warn(|| format!("{}: {why}; the device needs a reset", dev.name));
         Self::stop_queues(inner);
         inner.status |= VIRTIO_STATUS_DEVICE_NEEDS_RESET;
         self.with_atomic(dev, OFF_STATUS, |a| a.fetch_or(VIRTIO_STATUS_DEVICE_NEEDS_RESET, Ordering::SeqCst));
@@ -478,7 +486,8 @@ impl<'a> Bus<'a> {
         if newly & VIRTIO_STATUS_FEATURES_OK != 0 {
             let unoffered = driver_features & !dev.offered;
             if unoffered != 0 {
-                log::warn!("{}: the driver took features {unoffered:#x} that were not offered", dev.name);
+                dev.bad_features
+                    .warn(|| format!("{}: the driver took features {unoffered:#x} that were not offered", dev.name));
                 status &= !VIRTIO_STATUS_FEATURES_OK;
                 self.store_status(dev, status);
             } else {
@@ -664,6 +673,12 @@ impl<'a> Bus<'a> {
                 ));
             }
             out.push_str(&inner.model.stats(&d.stats));
+            out.push_str(&format!(
+                "  driver errors: {} resets needed, {} unoffered feature sets ({} warnings suppressed)\n",
+                d.failures.count(),
+                d.bad_features.count(),
+                d.failures.suppressed() + d.bad_features.suppressed()
+            ));
         }
         out
     }
@@ -696,6 +711,9 @@ impl<'a> Bus<'a> {
                     "queues": queues,
                     "dropped": d.stats.dropped.load(Ordering::Relaxed),
                     "safety_net_interrupts": d.stats.timer_irqs.load(Ordering::Relaxed),
+                    "needed_reset": d.failures.count(),
+                    "unoffered_features": d.bad_features.count(),
+                    "warnings_suppressed": d.failures.suppressed() + d.bad_features.suppressed(),
                 })
             })
             .collect();
@@ -717,6 +735,13 @@ impl<'a> Bus<'a> {
     #[cfg(test)]
     pub fn device_stats(&self, index: usize) -> &DeviceStats {
         &self.devices[index].stats
+    }
+
+    /// Device `index`'s driver errors: (needed a reset, unoffered
+    /// features) (tests).
+    #[cfg(test)]
+    pub fn driver_errors(&self, index: usize) -> (&GuestWarnings, &GuestWarnings) {
+        (&self.devices[index].failures, &self.devices[index].bad_features)
     }
 }
 

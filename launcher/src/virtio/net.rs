@@ -215,6 +215,9 @@ pub struct Net {
     unsignalled: u64,
     /// A transmit error was logged (once per device).
     tx_error_told: bool,
+    /// The tap offloads (`TUN_F_*`) the last activation set, cleared at
+    /// reset.
+    offloads_set: u32,
     buf: Vec<u8>,
 }
 
@@ -241,6 +244,7 @@ impl Net {
             rx_wait: false,
             unsignalled: 0,
             tx_error_told: false,
+            offloads_set: 0,
             buf: vec![0; MAX_FRAME],
         }
     }
@@ -427,12 +431,24 @@ impl VirtioDevice for Net {
     fn activate(&mut self, features: u64) -> Result<(), DeviceError> {
         self.hdr_len = if features & (VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF) != 0 { 12 } else { 10 };
         self.ctl.set_vnet_hdr_size(self.hdr_len).map_err(|source| DeviceError::host("TUNSETVNETHDRSZ", source))?;
-        self.ctl.set_offload(offloads(features)).map_err(|source| DeviceError::host("TUNSETOFFLOAD", source))
+        let flags = offloads(features);
+        self.ctl.set_offload(flags).map_err(|source| DeviceError::host("TUNSETOFFLOAD", source))?;
+        self.offloads_set = flags;
+        Ok(())
     }
 
     fn reset(&mut self) {
         self.rx_wait = false;
         self.unsignalled = 0;
+        // The offloads the old driver accepted must not outlive it: until
+        // the next DRIVER_OK the host would still hand the tap partial
+        // checksums and TSO frames that a new driver may not take.
+        if self.offloads_set != 0 {
+            match self.ctl.set_offload(0) {
+                Ok(()) => self.offloads_set = 0,
+                Err(e) => log::debug!("{}: clearing the tap's offloads at reset: {e}", self.name),
+            }
+        }
     }
 
     fn input_fds(&self) -> Vec<RawFd> {

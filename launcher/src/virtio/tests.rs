@@ -114,6 +114,38 @@ fn unoffered_features_are_refused() {
     assert_ne!(s & VIRTIO_STATUS_FEATURES_OK, 0, "FEATURES_OK kept");
 }
 
+/// A driver that resets and breaks the device in a loop, or keeps taking
+/// features that were not offered, is counted per device in --stats (text
+/// and JSON), and all but a burst of its warnings are held back.
+#[test]
+fn a_reset_and_break_loop_is_counted_and_rate_limited() {
+    let mem = memory();
+    let (bus, _) = bus(&mem, vec![Box::new(Rng), Box::new(Rng)]);
+    let broken = VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER | VIRTIO_STATUS_DRIVER_OK;
+    for _ in 0..200 {
+        testring::set_status(&mem, &bus, 0, 0);
+        testring::set_status(&mem, &bus, 0, broken);
+        assert!(needs_reset(&mem, 0));
+    }
+    for _ in 0..50 {
+        testring::set_status(&mem, &bus, 1, 0);
+        testring::negotiate(&mem, &bus, 1, FEATURES | 1 << 50);
+    }
+    let (failures, features) = bus.driver_errors(0);
+    assert_eq!((failures.count(), features.count()), (200, 0));
+    assert!(failures.suppressed() >= 200 - 2 * u64::from(crate::ratelimit::BURST), "{}", failures.suppressed());
+    let (failures, features) = bus.driver_errors(1);
+    assert_eq!((failures.count(), features.count()), (0, 50));
+    assert!(features.suppressed() >= 50 - 2 * u64::from(crate::ratelimit::BURST));
+    let json = bus.stats_json();
+    assert_eq!((json[0]["needed_reset"].as_u64(), json[0]["unoffered_features"].as_u64()), (Some(200), Some(0)));
+    assert_eq!(json[0]["warnings_suppressed"].as_u64(), Some(bus.driver_errors(0).0.suppressed()));
+    assert_eq!((json[1]["needed_reset"].as_u64(), json[1]["unoffered_features"].as_u64()), (Some(0), Some(50)));
+    let text = bus.stats();
+    assert!(text.contains("  driver errors: 200 resets needed, 0 unoffered feature sets ("), "{text}");
+    assert!(text.contains("  driver errors: 0 resets needed, 50 unoffered feature sets ("), "{text}");
+}
+
 #[test]
 fn driver_ok_without_features_ok_needs_reset() {
     let mem = memory();
@@ -774,6 +806,21 @@ fn disk_options_parse() {
     }
 }
 
+/// A comma in a disk's path is written `,,` (QEMU's escape), in both
+/// forms; a single comma still separates options.
+#[test]
+fn disk_paths_with_commas() {
+    let path = |s: &str| s.parse::<DiskOptions>().map(|o| (o.path, o.read_only));
+    assert_eq!(path("path=a,,b.img"), Ok(("a,b.img".into(), false)));
+    assert_eq!(path("path=a,,b.img,readonly=on"), Ok(("a,b.img".into(), true)));
+    assert_eq!(path("readonly=on,path=/x/,,,,y"), Ok(("/x/,,y".into(), true)));
+    assert_eq!(path("a,,b.img,ro"), Ok(("a,b.img".into(), true)));
+    assert_eq!(path("img,,,ro"), Ok(("img,".into(), true)), "`,,` then `,`");
+    assert_eq!(path("a,b.img").map_err(|e| e.contains(",,")), Err(true), "a lone comma splits; the error says ,,");
+    assert_eq!(block::split_options("a,,b,c,,"), ["a,b", "c,"]);
+    assert_eq!(block::split_options(""), [""]);
+}
+
 /// One thing the block device asked of its disk.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum DiskOp {
@@ -1039,6 +1086,43 @@ fn net_config_and_offloads() {
     assert_eq!(&cfg[6..], &[1, 0], "link up");
     assert_eq!(ctl.0.lock().expect("lock").as_slice(), &[(12, u32::MAX), (usize::MAX, 0x01 | 0x02)]);
     assert_eq!(net::offloads(FEATURES), 0, "no GUEST_CSUM: no offloads");
+}
+
+/// A reset clears the tap offloads the last negotiation set, at once
+/// rather than at the next DRIVER_OK; so does a device failure. A device
+/// that set none makes no ioctl at reset.
+#[test]
+fn net_reset_clears_the_tap_offloads() {
+    let mem = memory();
+    let features = FEATURES | net::VIRTIO_NET_F_GUEST_CSUM | net::VIRTIO_NET_F_GUEST_TSO4;
+    let (bus, _, _rx, mut tx, _host, ctl) = started_net(&mem, true, features);
+    let offload_calls = || ctl.0.lock().expect("lock").iter().filter(|c| c.0 == usize::MAX).map(|c| c.1).collect();
+    let calls: Vec<u32> = offload_calls();
+    assert_eq!(calls, [0x01 | 0x02], "CSUM | TSO4 set at DRIVER_OK");
+    testring::set_status(&mem, &bus, 0, 0);
+    let calls: Vec<u32> = offload_calls();
+    assert_eq!(calls, [0x03, 0], "cleared at the reset");
+    // A second reset has nothing to clear.
+    testring::set_status(&mem, &bus, 0, 0);
+    assert_eq!(offload_calls().len(), 2);
+    // Again with offloads, then a broken driver: the failure clears them.
+    let rx = testring::TestRing::new(&mem, RING0, 16);
+    rx.configure(&mem, 0, 0);
+    tx.configure(&mem, 0, 1);
+    assert_eq!(testring::start(&mem, &bus, 0, features), OK);
+    tx.add_chain(&mem, &[(BUF, 12, false), (BUF + 12, 60, true)]);
+    bus.service(0, kick(1));
+    assert!(needs_reset(&mem, 0));
+    let calls: Vec<u32> = offload_calls();
+    assert_eq!(calls, [0x03, 0, 0x03, 0], "cleared when the device failed");
+    // A driver without offloads: nothing to clear at its reset.
+    testring::set_status(&mem, &bus, 0, 0);
+    rx.configure(&mem, 0, 0);
+    testring::TestRing::new(&mem, RING1, 16).configure(&mem, 0, 1);
+    assert_eq!(testring::start(&mem, &bus, 0, FEATURES), OK);
+    testring::set_status(&mem, &bus, 0, 0);
+    let calls: Vec<u32> = offload_calls();
+    assert_eq!(calls, [0x03, 0, 0x03, 0, 0], "only the activation's own (none)");
 }
 
 #[test]
