@@ -137,7 +137,27 @@ const COMMON: &[i64] = &[
     libc::SYS_getrandom,
     libc::SYS_exit,
     libc::SYS_exit_group,
+    // Allowed here, refused with EACCES by the filter of `no_opens`: the C
+    // library opens files on its own (glibc's malloc reads
+    // /proc/sys/vm/overcommit_memory when it trims a thread's arena at the
+    // thread's exit) and copes with a refusal.
+    libc::SYS_open,
+    libc::SYS_openat,
 ];
+
+/// The filter every sandboxed thread gets first: `open` and `openat` fail
+/// with EACCES. With the role's filter (which lets them through) the
+/// kernel takes the stricter answer, EACCES, so no sandboxed thread opens
+/// a file, and none is killed for trying.
+fn no_opens() -> Result<BpfProgram, SandboxError> {
+    let err = |e: &dyn std::fmt::Display| SandboxError::Build("any", e.to_string());
+    let rules: BTreeMap<i64, Vec<SeccompRule>> =
+        [libc::SYS_open, libc::SYS_openat].into_iter().map(|nr| (nr, Vec::new())).collect();
+    let arch = std::env::consts::ARCH.try_into().map_err(|e| err(&e))?;
+    let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EACCES as u32), arch)
+        .map_err(|e| err(&e))?;
+    filter.try_into().map_err(|e: seccompiler::BackendError| err(&e))
+}
 
 /// What each role adds.
 fn extra(role: Role) -> &'static [i64] {
@@ -227,8 +247,12 @@ pub fn enter(role: Role) -> Result<(), SandboxError> {
         Some(SeccompMode::Log) => SeccompAction::Log,
         Some(SeccompMode::On) => SeccompAction::Trap,
     };
+    let opens = no_opens()?;
     let prog = program(role, mismatch)?;
-    seccompiler::apply_filter(&prog).map_err(|e| SandboxError::Install(role.name(), e.to_string()))
+    let install =
+        |p: &BpfProgram| seccompiler::apply_filter(p).map_err(|e| SandboxError::Install(role.name(), e.to_string()));
+    install(&opens)?;
+    install(&prog)
 }
 
 /// Empties the calling thread's capability sets (effective, permitted,
@@ -372,6 +396,27 @@ mod tests {
         let mut u: libc::utsname = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
         assert_eq!(unsafe { libc::uname(&mut u) }, 0, "the filter leaked to another thread");
+    }
+
+    /// A sandboxed thread's open fails with EACCES instead of ending the
+    /// launcher, and its other calls work: glibc's malloc opens
+    /// /proc/sys/vm/overcommit_memory when a thread's arena is trimmed at
+    /// its exit, which `--seccomp=on` once turned into status 159.
+    #[test]
+    fn opens_are_refused_not_fatal() {
+        let opens = no_opens().expect("filter");
+        let prog = program(Role::Device, SeccompAction::Trap).expect("filter");
+        let (open, pid) = std::thread::spawn(move || {
+            seccompiler::apply_filter(&opens).expect("install");
+            seccompiler::apply_filter(&prog).expect("install");
+            let open = std::fs::File::open("/proc/sys/vm/overcommit_memory").map(drop).map_err(|e| e.raw_os_error());
+            // SAFETY: getpid has no preconditions.
+            (open, unsafe { libc::getpid() })
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(open, Err(Some(libc::EACCES)));
+        assert!(pid > 0);
     }
 
     /// The vCPU thread's filter lets through the tap ioctls of a net

@@ -836,9 +836,14 @@ fn user_mode() -> TestResult {
     // The segment-base program needs rdgsbase in guest user mode.
     let fsgsbase = std::fs::read_to_string("/proc/cpuinfo").map(|s| s.contains(" fsgsbase")).unwrap_or(false);
     if fsgsbase {
-        check!(o.stdout.contains("user: GS bases: user 0x70002000 -> 0x70004000"), "no GS base report: {}", describe(&o));
         check!(
-            o.stdout.contains("user: kernel_sp0: the entry's frame on the stack it names, and back on SET_STACK's at 0"),
+            o.stdout.contains("user: GS bases: user 0x70002000 -> 0x70004000"),
+            "no GS base report: {}",
+            describe(&o)
+        );
+        check!(
+            o.stdout
+                .contains("user: kernel_sp0: the entry's frame on the stack it names, and back on SET_STACK's at 0"),
             "no kernel_sp0 report: {}",
             describe(&o)
         );
