@@ -337,6 +337,28 @@ global_asm!(
     "    mov eax, {sys_exit}",
     "    int 0x80",
     "    ud2",
+    // The benchmark loops: RDI system calls of getcounter, with `syscall`
+    // or with `int $0x80`, then exit.
+    ".balign 16",
+    ".globl user_bench_syscall",
+    "user_bench_syscall:",
+    "15: mov eax, {sys_counter}",
+    "    syscall",
+    "    dec rdi",
+    "    jnz 15b",
+    "    mov eax, {sys_exit}",
+    "    int 0x80",
+    "    ud2",
+    ".balign 16",
+    ".globl user_bench_int80",
+    "user_bench_int80:",
+    "16: mov eax, {sys_counter}",
+    "    int 0x80",
+    "    dec rdi",
+    "    jnz 16b",
+    "    mov eax, {sys_exit}",
+    "    int 0x80",
+    "    ud2",
     // A `syscall` with no entry registered: #UD at the instruction.
     ".balign 16",
     ".globl user_exc_syscall",
@@ -366,6 +388,8 @@ extern "C" {
     static user_spin: u8;
     static user_syscalls: u8;
     static user_gs: u8;
+    static user_bench_syscall: u8;
+    static user_bench_int80: u8;
     static user_exc_syscall: u8;
     static user_prog_start: u8;
     static user_prog_end: u8;
@@ -481,7 +505,7 @@ fn fail(what: core::fmt::Arguments<'_>) -> ! {
     crash_fmt(format_args!("user: FAIL: {what}"))
 }
 
-fn main(_args: Args) -> ! {
+fn main(args: Args) -> ! {
     frames::init_free_ram();
     if let Err(e) = paging::init_kernel() {
         fail(format_args!("kernel map: {e}"));
@@ -508,6 +532,24 @@ fn main(_args: Args) -> ! {
         if let Err(e) = space.map(USER_STACK_TOP - i * PAGE_SIZE, frame, PageSize::Small, pte::US | pte::RW | pte::NX) {
             fail(format_args!("mapping the stack: {e}"));
         }
+    }
+    // `bench N`: only time N system calls each way, for lguest_bench.
+    if args.first() == Some("bench") {
+        let n: u64 = args.get(1).and_then(|w| w.parse().ok()).filter(|&n| n > 0).unwrap_or(10_000);
+        for (what, sym) in [("syscall", addr_of!(user_bench_syscall)), ("int80", addr_of!(user_bench_int80))] {
+            let va = USER_CODE + (lguest_guest::virt_to_phys(sym) - start);
+            let mut regs = UserRegs::new(va, USER_STACK_TOP);
+            regs.rdi = n;
+            let t0 = clock::rdtsc();
+            let got = user::run(&regs);
+            let cycles = clock::rdtsc() - t0;
+            // The loop leaves RDI at 0, the exit code.
+            if got != Exit::Exited(0) {
+                fail(format_args!("bench {what}: {got:x?}"));
+            }
+            println!("user: bench: {n} {what} round trips in {cycles} TSC cycles");
+        }
+        poweroff_fmt(format_args!("user: bench done"))
     }
     let kernel_page = lguest_guest::data::address();
     println!(

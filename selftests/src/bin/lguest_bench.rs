@@ -6,6 +6,9 @@
 //!   The ratio is what TCG cannot distort much; under `-icount shift=0` the
 //!   TSC advances with instructions, so both are instruction counts.
 //!
+//! - a guest user-mode system call round trip (`syscall`, and `int $0x80`)
+//!   in the same run, relative to the host's getpid.
+//!
 //! - interrupt delivery latency after the guest re-enables interrupts, with
 //!   the `irq_pending` check (delivery at the SEND_INTERRUPTS hypercall)
 //!   and without it (`noirqcheck`: delivery waits for the next exit).
@@ -50,6 +53,26 @@ fn hypercall_cycles(n: u64) -> Option<f64> {
     let line = text.lines().find(|l| l.contains("TSC cycles"))?;
     let cycles: f64 = line.split_whitespace().find_map(|w| w.parse().ok())?;
     Some(cycles / n as f64)
+}
+
+/// A guest user-mode system call round trip in TSC cycles, with `syscall`
+/// (through the host's #UD bounce) and with `int $0x80`: `user bench N`.
+fn guest_syscall_cycles(n: u64) -> Option<(f64, f64)> {
+    let guests = std::env::var("LGUEST_GUESTS").unwrap_or_else(|_| "/usr/share/lguest/guests".into());
+    let out = Command::new(std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into()))
+        .args(["run", "--memory", "16M", &format!("{guests}/user"), "bench", &n.to_string()])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let cycles = |what: &str| -> Option<f64> {
+        let line = text.lines().find(|l| l.contains(&format!(" {what} round trips in ")))?;
+        let c: f64 = line.split_whitespace().rev().nth(2)?.parse().ok()?;
+        Some(c / n as f64)
+    };
+    Some((cycles("syscall")?, cycles("int80")?))
 }
 
 /// Median interrupt delivery latency after re-enabling, in TSC cycles,
@@ -195,6 +218,19 @@ fn main() {
     let hcall = r.figure("hypercall_round_trip", "cycles", "", k, || hypercall_cycles(n));
     if let (Some(h), Some(g)) = (hcall, getpid) {
         println!("bench: hypercall_vs_getpid {:.2} ratio (of the medians)", h / g);
+    }
+    // A guest user program's system call, to its guest kernel and back: the
+    // syscall instruction (a #UD exit the host turns into the guest
+    // kernel's entry, then LHCALL_IRET_USER) and int $0x80 (a #GP exit).
+    let sys_n = 20_000;
+    let sys = r.figure("guest_syscall_round_trip", "cycles", " (syscall in guest user mode)", k, || {
+        guest_syscall_cycles(sys_n).map(|(s, _)| s)
+    });
+    let int80 = r.figure("guest_int80_round_trip", "cycles", " (int $0x80 in guest user mode)", k, || {
+        guest_syscall_cycles(sys_n).map(|(_, i)| i)
+    });
+    if let (Some(s), Some(i), Some(g)) = (sys, int80, getpid) {
+        println!("bench: guest_syscall_vs_getpid {:.2} ratio (of the medians; int $0x80 {:.2})", s / g, i / g);
     }
     let on = r.figure("irq_latency_with_check", "cycles", " (each sample a median of 20)", k, || {
         latency(false).map(|c| c as f64)
