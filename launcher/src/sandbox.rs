@@ -191,6 +191,15 @@ fn program(role: Role, mismatch: SeccompAction) -> Result<BpfProgram, SandboxErr
             v.push(SeccompRule::new(vec![cmd(SeccompCmpOp::Eq, request)?]).map_err(|e| err(&e))?);
         }
         rules.insert(libc::SYS_ioctl, v);
+        // Ctrl-Z: the SIGTSTP handler, which runs on this thread (the only
+        // one with the signals unblocked), stops the process with
+        // kill(getpid(), SIGSTOP), and nothing else.
+        let arg =
+            |n: u8, v: u64| SeccompCondition::new(n, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v).map_err(|e| err(&e));
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() } as u64;
+        let stop = SeccompRule::new(vec![arg(0, pid)?, arg(1, libc::SIGSTOP as u64)?]).map_err(|e| err(&e))?;
+        rules.insert(libc::SYS_kill, vec![stop]);
     }
     let arch = std::env::consts::ARCH.try_into().map_err(|e| err(&e))?;
     let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, arch).map_err(|e| err(&e))?;
@@ -417,6 +426,48 @@ mod tests {
         .expect("thread");
         assert_eq!(open, Err(Some(libc::EACCES)));
         assert!(pid > 0);
+    }
+
+    /// The vCPU thread's filter lets the SIGTSTP handler (which runs there)
+    /// stop the process, and refuses any other kill: a child process with
+    /// the filter stops itself with SIGSTOP (the parent sees it stopped,
+    /// not killed by SIGSYS), and its kill(getpid(), SIGCONT) is refused.
+    #[test]
+    fn the_vcpu_filter_lets_ctrl_z_stop_the_process() {
+        // SAFETY: the child builds its filter (it names the child's own pid,
+        // so it must be built there; glibc's malloc is fork-safe, its fork
+        // takes the arena locks), makes system calls and _exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            let prog = program(Role::Vcpu, SeccompAction::Errno(libc::EPERM as u32));
+            let code = match prog.map(|p| seccompiler::apply_filter(&p)) {
+                Ok(Ok(())) => {
+                    // SAFETY: signals to this very process.
+                    let cont = unsafe { libc::kill(libc::getpid(), libc::SIGCONT) };
+                    // SAFETY: as above; the parent continues us.
+                    let stop = unsafe { libc::kill(libc::getpid(), libc::SIGSTOP) };
+                    if cont == -1 && stop == 0 {
+                        0
+                    } else {
+                        1
+                    }
+                }
+                _ => 2,
+            };
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child, into a live local.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED) }, pid);
+        assert!(libc::WIFSTOPPED(status), "the child was not stopped (status {status:#x})");
+        // SAFETY: continues and reaps our own child.
+        unsafe {
+            libc::kill(pid, libc::SIGCONT);
+            assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+        }
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status:#x}");
     }
 
     /// The vCPU thread's filter lets through the tap ioctls of a net
