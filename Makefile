@@ -38,8 +38,11 @@ test:
 bochs-test:
 	bash $(S)/bochs.sh
 
+# The debug kernel boots on a 4-level CPU: with LA57 a KASAN false report in
+# early boot (Documentation/dev/testing.rst, "The debug kernel") would turn
+# lockdep off for the whole run.
 debug-test:
-	FLAVOUR=debug LONG=1 CPUS=max bash $(S)/test.sh
+	FLAVOUR=debug LONG=1 CPUS="max,la57=off" bash $(S)/test.sh
 
 fuzz:
 	LONG=1 CPUS=max T=$$(awk '$$2 == "long" { printf "%s%s", s, $$1; s = "," }' selftests/tests.list) bash $(S)/test.sh
