@@ -678,7 +678,12 @@ fn stop_with_stdout_blocked() -> TestResult {
         drop(out);
         check_eq!(st.code(), Some(code), format!("{mode}: exit status after signal {sig} ({st:?})"));
         println!("# {mode}: stopped {:.0} ms after signal {sig}", took.as_secs_f64() * 1000.0);
-        check!(took < Duration::from_secs(1), "{mode}: the launcher took {took:?} to stop");
+        // The promise is 1 s; on the debug kernel (KASAN, lockdep:
+        // kmemleak's file says which) everything is several times slower,
+        // and 1.43 s was seen there with a second QEMU host beside it.
+        let debug = std::path::Path::new("/sys/kernel/debug/kmemleak").exists();
+        let bound = Duration::from_secs(if debug { 3 } else { 1 });
+        check!(took < bound, "{mode}: the launcher took {took:?} to stop (bound {bound:?})");
     }
     Ok(())
 }
