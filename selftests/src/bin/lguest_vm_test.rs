@@ -721,15 +721,20 @@ extern "C" {
 fn fpu_state() -> TestResult {
     // SAFETY: the symbols delimit the blob assembled above.
     let code = unsafe { blob(std::ptr::addr_of!(lguest_guest_fpu_start), std::ptr::addr_of!(lguest_guest_fpu_end)) };
-    let pin = |cpu: usize| {
-        // SAFETY: a zeroed cpu_set_t with one bit set, for this thread.
+    // This thread's CPUs: CPU 0 only for the test, all of them after.
+    let pin = |cpus: std::ops::Range<usize>| {
+        // SAFETY: a zeroed cpu_set_t with the given bits set, for this thread.
         unsafe {
             let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
+            for cpu in cpus {
+                libc::CPU_SET(cpu, &mut set);
+            }
             libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set)
         }
     };
-    check_eq!(pin(0), 0, "sched_setaffinity");
+    // Counted before pinning: afterwards it would say 1.
+    let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+    check_eq!(pin(0..1), 0, "sched_setaffinity");
     let res = (|| -> TestResult {
         let a = TestVm::new(&code)?;
         let b = TestVm::new(&code)?;
@@ -767,15 +772,7 @@ fn fpu_state() -> TestResult {
         check_eq!(a.exit_reason(), abi::LGUEST_EXIT_SHUTDOWN, "A: exit");
         Ok(())
     })();
-    let all = std::thread::available_parallelism().map_or(1, |n| n.get());
-    // SAFETY: as above, all CPUs again.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for c in 0..all {
-            libc::CPU_SET(c, &mut set);
-        }
-        libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
-    }
+    pin(0..all);
     res
 }
 
