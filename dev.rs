@@ -51,11 +51,11 @@ use kernel::{
 };
 
 use crate::{
+    gmem::HostPage,
     irq::{
         IrqFd,
         VcpuIrq, //
     },
-    mm::HostPage,
     notify::Notifiers,
     uapi::{
         self,

@@ -21,7 +21,7 @@
 
 use kernel::prelude::*;
 
-use crate::{helpers, kill::Kill, mm::PAGE_SIZE, switcher::Switcher, vm::Vm};
+use crate::{gmem::PAGE_SIZE, helpers, kill::Kill, switcher::Switcher, vcpu::Ctx};
 
 /// The guest's CR0 as `mov` from CR0 reads it: PE, MP, ET, NE, WP, AM, PG
 /// (a native Linux kernel's value; TS is never set, the FPU is always the
@@ -116,20 +116,20 @@ fn decode(code: &[u8]) -> Option<(Insn, usize)> {
     (insn.1 <= code.len()).then_some(insn)
 }
 
-/// The #GP(0) vCPU `index` took in guest kernel mode: emulates the
+/// The #GP(0) the vCPU took in guest kernel mode: emulates the
 /// instruction at RIP if it is one of ours. `Ok(true)`: done, RIP is past
 /// it; `Ok(false)`: the #GP stands.
-pub(crate) fn privileged(vm: &mut Vm, index: usize) -> Result<bool, Kill> {
-    let rip = vm.vcpus[index].cpu.regs.rip;
+pub(crate) fn privileged(cx: &mut Ctx<'_>) -> Result<bool, Kill> {
+    let rip = cx.vcpu.cpu.regs.rip;
     let mut code = [0u8; 15];
     // An instruction that ran to a #GP was fetched whole, so its bytes are
     // mapped; if the 15 bytes reach an unmapped page, those to the end of
     // this one are enough for every instruction above.
-    let n = if vm.read_guest_va(rip, &mut code).is_ok() {
+    let n = if cx.read_va(rip, &mut code).is_ok() {
         code.len()
     } else {
         let n = core::cmp::min(code.len(), (PAGE_SIZE - rip % PAGE_SIZE) as usize);
-        if vm.read_guest_va(rip, &mut code[..n]).is_err() {
+        if cx.read_va(rip, &mut code[..n]).is_err() {
             return Ok(false);
         }
         n
@@ -138,7 +138,7 @@ pub(crate) fn privileged(vm: &mut Vm, index: usize) -> Result<bool, Kill> {
         return Ok(false);
     };
     let allowed = Switcher::get().map(|s| s.xsave_mask()).unwrap_or(0);
-    let v = &mut vm.vcpus[index];
+    let v = &mut *cx.vcpu;
     let r = &mut v.cpu.regs;
     match insn {
         Insn::In { bytes: 1 } => r.rax |= 0xff,

@@ -8,13 +8,10 @@
 //! nothing a guest passes here can reach the host unchecked: every address
 //! is checked against guest RAM and every value is read once.
 //!
-//! Called by the run loop in `vm.rs` with the file's lock held.
+//! Called by the run loop in `vm.rs` with the file's lock held, on the
+//! [`Ctx`] of the vCPU that made the call.
 
-use core::mem::offset_of;
-use kernel::{
-    bindings,
-    prelude::*, //
-};
+use kernel::prelude::*;
 
 use crate::{
     interrupts,
@@ -22,16 +19,19 @@ use crate::{
         kill,
         Kill, //
     },
+    lguest_data::LguestData,
     paging,
-    switcher::Switcher,
+    switcher::{
+        GuestCpu,
+        Switcher, //
+    },
     uapi::{
         self,
-        HcallArgs,
-        LguestData, //
+        HcallArgs, //
     },
-    vm::{
-        UserExit,
-        Vm, //
+    vcpu::{
+        Ctx,
+        UserExit, //
     },
 };
 
@@ -62,12 +62,12 @@ fn name(nr: u64) -> &'static str {
     }
 }
 
-/// Handles the hypercall vCPU `index` just made: first the async ring, then
+/// Handles the hypercall the vCPU just made: first the async ring, then
 /// the call in its registers. `Ok(Some(..))` means the launcher must act.
-pub(crate) fn do_hypercalls(vm: &mut Vm, index: usize) -> Result<Option<UserExit>, Kill> {
-    let regs = vm.vcpus[index].cpu.regs;
-    vm.vcpus[index].stat_hypercalls += 1;
-    run_async_ring(vm, index)?;
+pub(crate) fn do_hypercalls(cx: &mut Ctx<'_>) -> Result<Option<UserExit>, Kill> {
+    let regs = cx.vcpu.cpu.regs;
+    cx.vcpu.stat_hypercalls += 1;
+    run_async_ring(cx)?;
     let args = HcallArgs {
         arg0: regs.rax,
         arg1: regs.rdi,
@@ -75,52 +75,28 @@ pub(crate) fn do_hypercalls(vm: &mut Vm, index: usize) -> Result<Option<UserExit
         arg3: regs.rdx,
         arg4: regs.r10,
     };
-    let exit = dispatch(vm, index, &args, false)?;
+    let exit = dispatch(cx, &args, false)?;
     // IRET_USER loaded the user's RAX: leave it.
-    if !vm.vcpus[index].user_mode {
-        vm.vcpus[index].cpu.regs.rax = 0;
+    if !cx.vcpu.user_mode {
+        cx.vcpu.cpu.regs.rax = 0;
     }
     Ok(exit)
 }
 
 /// Runs the queued entries of the async ring, in order, from where the last
 /// run stopped.
-fn run_async_ring(vm: &mut Vm, index: usize) -> Result<(), Kill> {
-    let Some(ld) = vm.vcpus[index].lguest_data else {
+fn run_async_ring(cx: &mut Ctx<'_>) -> Result<(), Kill> {
+    let Some(ld) = cx.vcpu.lguest_data else {
         return Ok(());
     };
     for _ in 0..uapi::LHCALL_RING_SIZE {
-        let n = vm.vcpus[index].next_hcall;
-        let status_at = ld + (offset_of!(LguestData, hcall_status) + n) as u64;
-        let mut status = [0u8; 1];
-        if vm.read_guest(status_at, &mut status).is_err() {
-            return kill!("lguest_data at {ld:#x} is no longer readable");
-        }
-        if status[0] != 0 {
+        let n = cx.vcpu.next_hcall;
+        let Some(args) = ld.queued(cx.mem, n)? else {
             break;
-        }
-        let mut raw = [0u8; core::mem::size_of::<HcallArgs>()];
-        let args_at = ld + (offset_of!(LguestData, hcalls) + n * raw.len()) as u64;
-        if vm.read_guest(args_at, &mut raw).is_err() {
-            return kill!("lguest_data at {ld:#x} is no longer readable");
-        }
-        let word =
-            |i: usize| u64::from_le_bytes(raw[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]));
-        let args = HcallArgs {
-            arg0: word(0),
-            arg1: word(1),
-            arg2: word(2),
-            arg3: word(3),
-            arg4: word(4),
         };
-        dispatch(vm, index, &args, true)?;
-        if vm
-            .write_guest(status_at, &[uapi::LHCALL_STATUS_DONE])
-            .is_err()
-        {
-            return kill!("lguest_data at {ld:#x} is no longer writable");
-        }
-        vm.vcpus[index].next_hcall = (n + 1) % uapi::LHCALL_RING_SIZE;
+        dispatch(cx, &args, true)?;
+        ld.done(cx.mem, n)?;
+        cx.vcpu.next_hcall = (n + 1) % uapi::LHCALL_RING_SIZE;
     }
     Ok(())
 }
@@ -128,14 +104,9 @@ fn run_async_ring(vm: &mut Vm, index: usize) -> Result<(), Kill> {
 /// Performs one hypercall. `in_ring`: it came from the async ring, where
 /// calls that end the run loop's turn (SHUTDOWN and NOTIFY go to the
 /// launcher, HALT sleeps) are not allowed.
-fn dispatch(
-    vm: &mut Vm,
-    index: usize,
-    a: &HcallArgs,
-    in_ring: bool,
-) -> Result<Option<UserExit>, Kill> {
+fn dispatch(cx: &mut Ctx<'_>, a: &HcallArgs, in_ring: bool) -> Result<Option<UserExit>, Kill> {
     let nr = a.arg0;
-    if vm.vcpus[index].lguest_data.is_none() && nr != uapi::LHCALL_LGUEST_INIT {
+    if cx.vcpu.lguest_data.is_none() && nr != uapi::LHCALL_LGUEST_INIT {
         return kill!("hypercall {nr} ({}) before LGUEST_INIT", name(nr));
     }
     // Calls that end the turn or change the vCPU's mode and registers.
@@ -148,20 +119,20 @@ fn dispatch(
     }
     match nr {
         uapi::LHCALL_FLUSH_ASYNC | uapi::LHCALL_SEND_INTERRUPTS => Ok(None),
-        uapi::LHCALL_LGUEST_INIT => init(vm, index, a.arg1).map(|()| None),
-        uapi::LHCALL_SHUTDOWN => shutdown(vm, a.arg1, a.arg2).map(Some),
+        uapi::LHCALL_LGUEST_INIT => init(cx, a.arg1).map(|()| None),
+        uapi::LHCALL_SHUTDOWN => shutdown(cx, a.arg1, a.arg2).map(Some),
         // A bound address wakes its device thread; the guest goes on.
-        uapi::LHCALL_NOTIFY if vm.notifiers.signal(a.arg1) => Ok(None),
+        uapi::LHCALL_NOTIFY if cx.notifiers.signal(a.arg1) => Ok(None),
         uapi::LHCALL_NOTIFY => Ok(Some(UserExit::Notify {
             addr: a.arg1,
             arg: a.arg2,
         })),
-        uapi::LHCALL_HALT => interrupts::halt(vm, index).map(|()| None),
+        uapi::LHCALL_HALT => interrupts::halt(cx).map(|()| None),
         uapi::LHCALL_LOAD_IDT_ENTRY => {
-            interrupts::load_idt_entry(vm, index, a.arg1, a.arg2, a.arg3).map(|()| None)
+            interrupts::load_idt_entry(cx, a.arg1, a.arg2, a.arg3).map(|()| None)
         }
         uapi::LHCALL_SET_CLOCKEVENT => {
-            let v = &mut vm.vcpus[index];
+            let v = &mut *cx.vcpu;
             // Dropping the old event cancels it.
             v.clock = None;
             if a.arg1 != 0 {
@@ -169,27 +140,27 @@ fn dispatch(
             }
             Ok(None)
         }
-        uapi::LHCALL_NEW_PGTABLE => paging::new_pgtable(vm, a.arg1).map(|()| None),
-        uapi::LHCALL_SET_PTE => paging::set_pte(vm, a.arg2).map(|()| None),
+        uapi::LHCALL_NEW_PGTABLE => paging::new_pgtable(cx, a.arg1).map(|()| None),
+        uapi::LHCALL_SET_PTE => paging::set_pte(cx, a.arg2).map(|()| None),
         uapi::LHCALL_FLUSH_TLB | uapi::LHCALL_SET_PMD | uapi::LHCALL_SET_PGD => {
-            paging::flush(vm).map(|()| None)
+            paging::flush(cx).map(|()| None)
         }
         uapi::LHCALL_SET_STACK => {
             if a.arg1 == 0 || a.arg1 > uapi::GUEST_VA_END {
                 return kill!("SET_STACK: bad kernel stack {:#x}", a.arg1);
             }
-            vm.vcpus[index].kernel_stack = a.arg1;
+            cx.vcpu.kernel_stack = a.arg1;
             Ok(None)
         }
-        uapi::LHCALL_IRET_USER => iret_user(vm, index).map(|()| None),
+        uapi::LHCALL_IRET_USER => iret_user(cx).map(|()| None),
         uapi::LHCALL_SET_SYSCALL => {
             if a.arg1 >= uapi::GUEST_VA_END {
                 return kill!("SET_SYSCALL: entry {:#x} is not a guest address", a.arg1);
             }
-            vm.vcpus[index].syscall_entry = a.arg1;
+            cx.vcpu.syscall_entry = a.arg1;
             Ok(None)
         }
-        uapi::LHCALL_SET_SEGMENT_BASE => set_segment_base(vm, index, a.arg1, a.arg2).map(|()| None),
+        uapi::LHCALL_SET_SEGMENT_BASE => set_segment_base(cx, a.arg1, a.arg2).map(|()| None),
         uapi::LHCALL_TS | uapi::LHCALL_LOAD_TLS | uapi::LHCALL_LOAD_GDT_ENTRY => {
             kill!("hypercall {} is not supported by this host yet", name(nr))
         }
@@ -199,16 +170,16 @@ fn dispatch(
 
 /// `LHCALL_IRET_USER`: the guest kernel returns to user mode through the
 /// [`uapi::LguestIretUser`] frame at its RSP.
-fn iret_user(vm: &mut Vm, index: usize) -> Result<(), Kill> {
-    if vm.guest_root.is_none() {
+fn iret_user(cx: &mut Ctx<'_>) -> Result<(), Kill> {
+    if cx.shadows.guest_root().is_none() {
         return kill!("IRET_USER before NEW_PGTABLE: user mode needs the guest's own page tables");
     }
-    if vm.vcpus[index].kernel_stack == 0 {
+    if cx.vcpu.kernel_stack == 0 {
         return kill!("IRET_USER before SET_STACK: user mode needs a kernel stack");
     }
-    let rsp = vm.vcpus[index].cpu.regs.rsp;
+    let rsp = cx.vcpu.cpu.regs.rsp;
     let mut b = [0u8; core::mem::size_of::<uapi::LguestIretUser>()];
-    if vm.read_guest_va(rsp, &mut b).is_err() {
+    if cx.read_va(rsp, &mut b).is_err() {
         return kill!("IRET_USER: the frame at {rsp:#x} is not mapped");
     }
     let w = |i: usize| {
@@ -217,22 +188,19 @@ fn iret_user(vm: &mut Vm, index: usize) -> Result<(), Kill> {
         u64::from_le_bytes(v)
     };
     let (rax, rip, rflags, user_rsp) = (w(0), w(1), w(2), w(3));
-    if !crate::switcher::GuestCpu::enterable(rip, user_rsp) {
+    if !GuestCpu::enterable(rip, user_rsp) {
         return kill!("IRET_USER: bad user rip {rip:#x} or rsp {user_rsp:#x}");
     }
     // User mode runs with virtual interrupts on.
-    let Some(ld) = vm.vcpus[index].lguest_data else {
+    let Some(ld) = cx.vcpu.lguest_data else {
         return kill!("IRET_USER before LGUEST_INIT");
     };
-    let at = ld + offset_of!(LguestData, irq_enabled) as u64;
-    if vm.write_u64(at, uapi::X86_EFLAGS_IF).is_err() {
-        return kill!("lguest_data at {ld:#x} is no longer writable");
-    }
-    let v = &mut vm.vcpus[index];
+    ld.set_irq_enabled(cx.mem, true)?;
+    let v = &mut *cx.vcpu;
     v.cpu.regs.rax = rax;
     v.cpu.regs.rip = rip;
     v.cpu.regs.rsp = user_rsp;
-    v.cpu.regs.rflags = crate::switcher::GuestCpu::sanitize_flags(rflags);
+    v.cpu.regs.rflags = GuestCpu::sanitize_flags(rflags);
     v.cpu.toggle_gs();
     v.user_mode = true;
     Ok(())
@@ -240,12 +208,12 @@ fn iret_user(vm: &mut Vm, index: usize) -> Result<(), Kill> {
 
 /// `LHCALL_SET_SEGMENT_BASE(which, base)`: the FS base, the guest kernel's
 /// GS base or guest user mode's (the hypercall comes from kernel mode).
-fn set_segment_base(vm: &mut Vm, index: usize, which: u64, base: u64) -> Result<(), Kill> {
+fn set_segment_base(cx: &mut Ctx<'_>, which: u64, base: u64) -> Result<(), Kill> {
     let canonical = Switcher::get().map(|s| s.canonical(base)).unwrap_or(false);
     if !canonical {
         return kill!("SET_SEGMENT_BASE: base {base:#x} is not a canonical address");
     }
-    let cpu = &mut vm.vcpus[index].cpu;
+    let cpu = &mut cx.vcpu.cpu;
     match which {
         uapi::LGUEST_BASE_FS => cpu.fs_base = base,
         uapi::LGUEST_BASE_GS => cpu.gs_base = base,
@@ -256,61 +224,16 @@ fn set_segment_base(vm: &mut Vm, index: usize, which: u64, base: u64) -> Result<
 }
 
 /// `LHCALL_LGUEST_INIT(gpa)`: the guest registers its `lguest_data`.
-fn init(vm: &mut Vm, index: usize, gpa: u64) -> Result<(), Kill> {
-    if vm.vcpus[index].lguest_data.is_some() {
+fn init(cx: &mut Ctx<'_>, gpa: u64) -> Result<(), Kill> {
+    if cx.vcpu.lguest_data.is_some() {
         return kill!("LGUEST_INIT called twice");
     }
-    let size = core::mem::size_of::<LguestData>() as u64;
-    if gpa % 8 != 0
-        || gpa
-            .checked_add(size)
-            .map_or(true, |end| end > vm.mem.size())
-    {
-        return kill!("bad lguest_data address {gpa:#x}");
-    }
-    // The guest's addresses end below the last lower-half page.
-    let reserve_mem: u64 = uapi::GUEST_VA_END;
-    // SAFETY: check_tsc_unstable() may be called from any context, and
-    // tsc_khz is a plain variable, read once here (it may be refined after
-    // boot, so the guest gets the value of the moment).
-    let tsc_khz = unsafe {
-        if bindings::check_tsc_unstable() == 0 {
-            bindings::tsc_khz
-        } else {
-            0
-        }
-    };
-    let put = |off: usize, bytes: &[u8]| vm.write_guest(gpa + off as u64, bytes);
-    let ok = put(
-        offset_of!(LguestData, reserve_mem),
-        &reserve_mem.to_le_bytes(),
-    )
-    .is_ok()
-        && put(offset_of!(LguestData, tsc_khz), &tsc_khz.to_le_bytes()).is_ok()
-        && write_time(vm, gpa).is_ok();
-    if !ok {
-        return kill!("cannot write lguest_data at {gpa:#x}");
-    }
-    vm.vcpus[index].lguest_data = Some(gpa);
+    cx.vcpu.lguest_data = Some(LguestData::register(cx.mem, gpa)?);
     Ok(())
 }
 
-/// Writes the wall-clock time into `lguest_data` at `gpa`.
-pub(crate) fn write_time(vm: &Vm, gpa: u64) -> Result {
-    let mut ts = bindings::timespec64 {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec64 to fill in.
-    unsafe { bindings::ktime_get_real_ts64(&mut ts) };
-    let mut t = [0u8; 16];
-    t[..8].copy_from_slice(&(ts.tv_sec as u64).to_le_bytes());
-    t[8..].copy_from_slice(&(ts.tv_nsec as u64).to_le_bytes());
-    vm.write_guest(gpa + offset_of!(LguestData, time) as u64, &t)
-}
-
 /// `LHCALL_SHUTDOWN(message gpa, reason)`.
-fn shutdown(vm: &Vm, msg: u64, reason: u64) -> Result<UserExit, Kill> {
+fn shutdown(cx: &Ctx<'_>, msg: u64, reason: u64) -> Result<UserExit, Kill> {
     if !matches!(
         reason,
         uapi::LGUEST_SHUTDOWN_POWEROFF
@@ -319,12 +242,13 @@ fn shutdown(vm: &Vm, msg: u64, reason: u64) -> Result<UserExit, Kill> {
     ) {
         return kill!("bad shutdown reason {reason}");
     }
-    if msg >= vm.mem.size() {
+    let size = cx.mem.size();
+    if msg >= size {
         return kill!("shutdown message address {msg:#x} is outside guest memory");
     }
-    let len = core::cmp::min(uapi::LGUEST_MESSAGE_LEN as u64 - 1, vm.mem.size() - msg) as usize;
+    let len = core::cmp::min(uapi::LGUEST_MESSAGE_LEN as u64 - 1, size - msg) as usize;
     let mut buf = [0u8; uapi::LGUEST_MESSAGE_LEN];
-    if vm.read_guest(msg, &mut buf[..len]).is_err() {
+    if cx.mem.read(msg, &mut buf[..len]).is_err() {
         return kill!("cannot read the shutdown message at {msg:#x}");
     }
     let end = buf[..len].iter().position(|&b| b == 0).unwrap_or(len);

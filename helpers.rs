@@ -132,6 +132,31 @@ pub(crate) fn monotonic_ns() -> u64 {
     unsafe { bindings::ktime_get() as u64 }
 }
 
+/// The wall-clock time: seconds and nanoseconds since the epoch.
+pub(crate) fn real_time() -> (u64, u64) {
+    let mut ts = bindings::timespec64 {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec64 to fill in; any context.
+    unsafe { bindings::ktime_get_real_ts64(&mut ts) };
+    (ts.tv_sec as u64, ts.tv_nsec as u64)
+}
+
+/// The TSC's frequency in kHz if the TSC is stable, else 0.
+pub(crate) fn tsc_khz_if_stable() -> u32 {
+    // SAFETY: check_tsc_unstable() may be called from any context, and
+    // tsc_khz is a plain variable, read once here (it may be refined after
+    // boot, so the caller gets the value of the moment).
+    unsafe {
+        if bindings::check_tsc_unstable() == 0 {
+            bindings::tsc_khz
+        } else {
+            0
+        }
+    }
+}
+
 /// Whether work is queued for the current task's return to user mode
 /// (`TIF_NOTIFY_RESUME`: a memory-failure kill after a machine check, say).
 pub(crate) fn notify_resume_pending() -> bool {

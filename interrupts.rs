@@ -16,9 +16,9 @@
 //! `LHCALL_LOAD_IDT_ENTRY`. Never at the guest's `iretq` (`noirq_iret`):
 //! there the guest has already restored its virtual IF for the frame it is
 //! returning through. Everything here runs in the run loop, with the VM
-//! mutex held.
+//! mutex held, on the [`Ctx`] of the vCPU concerned (lguest's
+//! `interrupts_and_traps.c`).
 
-use core::mem::offset_of;
 use kernel::prelude::*;
 
 use crate::{
@@ -27,12 +27,10 @@ use crate::{
         trap_name,
         Kill, //
     },
+    lguest_data::LguestData,
     switcher::GuestCpu,
-    uapi::{
-        self,
-        LguestData, //
-    },
-    vm::Vm,
+    uapi,
+    vcpu::Ctx,
 };
 
 /// The first guest vector of IRQ 0 (as on PCs, after the 32 exceptions).
@@ -59,8 +57,7 @@ fn has_error_code(vector: u64) -> bool {
 
 /// `LHCALL_LOAD_IDT_ENTRY(vector, handler, type)`.
 pub(crate) fn load_idt_entry(
-    vm: &mut Vm,
-    index: usize,
+    cx: &mut Ctx<'_>,
     vector: u64,
     handler: u64,
     kind: u64,
@@ -81,36 +78,15 @@ pub(crate) fn load_idt_entry(
         GATE_TRAP => false,
         _ => return kill!("LOAD_IDT_ENTRY: bad gate type {kind:#x} for vector {vector}"),
     };
-    vm.vcpus[index].idt[vector as usize] = GuestGate { handler, interrupt };
-    Ok(())
-}
-
-/// Reads a u64 field of the vCPU's `lguest_data`.
-fn read_ld(vm: &Vm, ld: u64, off: usize) -> Result<u64, Kill> {
-    match vm.read_u64(ld + off as u64) {
-        Ok(v) => Ok(v),
-        Err(_) => kill!("lguest_data at {ld:#x} is no longer readable"),
-    }
-}
-
-/// Writes a u64 field of the vCPU's `lguest_data`.
-fn write_ld(vm: &Vm, ld: u64, off: usize, v: u64) -> Result<(), Kill> {
-    if vm.write_u64(ld + off as u64, v).is_err() {
-        return kill!("lguest_data at {ld:#x} is no longer writable");
-    }
+    cx.vcpu.idt[vector as usize] = GuestGate { handler, interrupt };
     Ok(())
 }
 
 /// Sets `irq_pending` as given, writing guest memory only on a change.
-fn set_irq_pending(vm: &mut Vm, index: usize, ld: u64, on: bool) -> Result<(), Kill> {
-    if vm.vcpus[index].irq_pending_set != on {
-        write_ld(
-            vm,
-            ld,
-            offset_of!(LguestData, irq_pending),
-            if on { uapi::X86_EFLAGS_IF } else { 0 },
-        )?;
-        vm.vcpus[index].irq_pending_set = on;
+fn set_irq_pending(cx: &mut Ctx<'_>, ld: LguestData, on: bool) -> Result<(), Kill> {
+    if cx.vcpu.irq_pending_set != on {
+        ld.set_irq_pending(cx.mem, on)?;
+        cx.vcpu.irq_pending_set = on;
     }
     Ok(())
 }
@@ -122,36 +98,35 @@ fn set_irq_pending(vm: &mut Vm, index: usize, ld: u64, on: bool) -> Result<(), K
 /// user mode it goes on the kernel stack (`LHCALL_SET_STACK`), its CS is
 /// [`uapi::LGUEST_USER_CS`], and the guest is in kernel mode afterwards
 /// (the kernel shadow table is used from the next entry on).
-pub(crate) fn deliver(vm: &mut Vm, index: usize, vector: u64, error: u64) -> Result<bool, Kill> {
-    let gate = vm.vcpus[index].idt[(vector & 255) as usize];
+pub(crate) fn deliver(cx: &mut Ctx<'_>, vector: u64, error: u64) -> Result<bool, Kill> {
+    let gate = cx.vcpu.idt[(vector & 255) as usize];
     if gate.handler == 0 {
         return Ok(false);
     }
     let error = has_error_code(vector).then_some(error);
-    enter_kernel(vm, index, vector, error, gate.handler, gate.interrupt)
+    enter_kernel(cx, vector, error, gate.handler, gate.interrupt)
 }
 
 /// A user-mode `syscall` at RIP (the host saw its #UD): enters the guest
 /// kernel at its `LHCALL_SET_SYSCALL` entry as described there.
 /// `Ok(false)`: no entry, or not `syscall` at RIP (the #UD stands).
-fn deliver_syscall(vm: &mut Vm, index: usize) -> Result<bool, Kill> {
+fn deliver_syscall(cx: &mut Ctx<'_>) -> Result<bool, Kill> {
     const SYSCALL: [u8; 2] = [0x0f, 0x05];
-    let v = &vm.vcpus[index];
+    let v = &*cx.vcpu;
     let (entry, rip) = (v.syscall_entry, v.cpu.regs.rip);
     if entry == 0 || !v.user_mode {
         return Ok(false);
     }
     let mut insn = [0u8; 2];
-    if vm.read_guest_va(rip, &mut insn).is_err() || insn != SYSCALL {
+    if cx.read_va(rip, &mut insn).is_err() || insn != SYSCALL {
         return Ok(false);
     }
-    let user_flags =
-        GuestCpu::sanitize_flags(vm.vcpus[index].cpu.regs.rflags) | uapi::X86_EFLAGS_IF;
-    vm.vcpus[index].cpu.regs.rip = rip + 2;
-    if !enter_kernel(vm, index, SYSCALL_EVENT, None, entry, true)? {
+    let user_flags = GuestCpu::sanitize_flags(cx.vcpu.cpu.regs.rflags) | uapi::X86_EFLAGS_IF;
+    cx.vcpu.cpu.regs.rip = rip + 2;
+    if !enter_kernel(cx, SYSCALL_EVENT, None, entry, true)? {
         return Ok(false);
     }
-    let r = &mut vm.vcpus[index].cpu.regs;
+    let r = &mut cx.vcpu.cpu.regs;
     r.rcx = rip + 2;
     r.r11 = user_flags;
     Ok(true)
@@ -164,30 +139,25 @@ const SYSCALL_EVENT: u64 = 0x100;
 /// if there is one), as [`deliver`] describes; `interrupt`: virtual
 /// interrupts off (an interrupt gate, or `syscall`).
 fn enter_kernel(
-    vm: &mut Vm,
-    index: usize,
+    cx: &mut Ctx<'_>,
     vector: u64,
     error: Option<u64>,
     handler: u64,
     interrupt: bool,
 ) -> Result<bool, Kill> {
-    let Some(ld) = vm.vcpus[index].lguest_data else {
+    let Some(ld) = cx.vcpu.lguest_data else {
         return Ok(false);
     };
-    let user_mode = vm.vcpus[index].user_mode;
-    let regs = vm.vcpus[index].cpu.regs;
+    let user_mode = cx.vcpu.user_mode;
+    let regs = cx.vcpu.cpu.regs;
     let (stack, cs, flags) = if user_mode {
         // The guest's own sp0 if it keeps one in lguest_data (read once),
         // else the SET_STACK value.
-        let sp0 = read_ld(vm, ld, offset_of!(LguestData, kernel_sp0))?;
+        let sp0 = ld.kernel_sp0(cx.mem)?;
         if sp0 > uapi::GUEST_VA_END {
             return kill!("lguest_data.kernel_sp0 {sp0:#x} is not a guest address");
         }
-        let stack = if sp0 != 0 {
-            sp0
-        } else {
-            vm.vcpus[index].kernel_stack
-        };
+        let stack = if sp0 != 0 { sp0 } else { cx.vcpu.kernel_stack };
         if stack == 0 {
             return kill!("vector {vector} in user mode, but no kernel stack (SET_STACK)");
         }
@@ -198,7 +168,7 @@ fn enter_kernel(
             regs.rflags | uapi::X86_EFLAGS_IF,
         )
     } else {
-        let irq_enabled = read_ld(vm, ld, offset_of!(LguestData, irq_enabled))?;
+        let irq_enabled = ld.irq_enabled(cx.mem)?;
         let flags = (regs.rflags & !uapi::X86_EFLAGS_IF) | (irq_enabled & uapi::X86_EFLAGS_IF);
         (regs.rsp, uapi::LGUEST_GUEST_CS, flags)
     };
@@ -217,25 +187,23 @@ fn enter_kernel(
     for (i, v) in frame[..n].iter().enumerate() {
         bytes[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
     }
-    if vm.write_guest_va(new_rsp, &bytes[..8 * n]).is_err() {
+    if cx.write_va(new_rsp, &bytes[..8 * n]).is_err() {
         return kill!(
             "cannot deliver vector {vector}: the guest stack at {stack:#x} is not mapped in guest memory"
         );
     }
     if user_mode {
-        vm.vcpus[index].cpu.toggle_gs();
+        cx.vcpu.cpu.toggle_gs();
     }
-    vm.vcpus[index].user_mode = false;
-    let r = &mut vm.vcpus[index].cpu.regs;
+    cx.vcpu.user_mode = false;
+    let r = &mut cx.vcpu.cpu.regs;
     r.rsp = new_rsp;
     r.rip = handler;
     r.rflags &= !X86_EFLAGS_TF;
     if interrupt {
-        write_ld(vm, ld, offset_of!(LguestData, irq_enabled), 0)?;
+        ld.set_irq_enabled(cx.mem, false)?;
     }
-    if crate::hcall::write_time(vm, ld).is_err() {
-        return kill!("lguest_data at {ld:#x} is no longer writable");
-    }
+    ld.write_time(cx.mem)?;
     Ok(true)
 }
 
@@ -246,10 +214,10 @@ fn enter_kernel(
 /// IRET frame with supervisor rights: with SMAP on, an `iretq` in ring 3
 /// then takes a page fault (error code: present, read, supervisor) on its
 /// own user stack. Real CPUs read it as ring 3 and never get here.
-fn emulate_iret(vm: &mut Vm, index: usize) -> Result<bool, Kill> {
-    let rsp = vm.vcpus[index].cpu.regs.rsp;
+fn emulate_iret(cx: &mut Ctx<'_>) -> Result<bool, Kill> {
+    let rsp = cx.vcpu.cpu.regs.rsp;
     let mut b = [0u8; 40];
-    if vm.read_guest_va(rsp, &mut b).is_err() {
+    if cx.read_va(rsp, &mut b).is_err() {
         return Ok(false);
     }
     let w = |i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]));
@@ -260,7 +228,7 @@ fn emulate_iret(vm: &mut Vm, index: usize) -> Result<bool, Kill> {
     {
         return Ok(false);
     }
-    let r = &mut vm.vcpus[index].cpu.regs;
+    let r = &mut cx.vcpu.cpu.regs;
     r.rip = rip;
     r.rsp = new_rsp;
     r.rflags = GuestCpu::sanitize_flags(flags);
@@ -280,72 +248,64 @@ fn emulate_iret(vm: &mut Vm, index: usize) -> Result<bool, Kill> {
 /// is `int $0x80`, the guest gets vector 0x80 with RIP after it; without a
 /// handler it gets the #GP, as its own hardware would give it.
 pub(crate) fn hardware_trap(
-    vm: &mut Vm,
-    index: usize,
+    cx: &mut Ctx<'_>,
     vector: u64,
     error: u64,
     cr2: u64,
 ) -> Result<(), Kill> {
     const PF_USER: u64 = 4;
-    if vector == 14 && error & PF_USER == 0 && !vm.vcpus[index].user_mode {
-        if let Some(ld) = vm.vcpus[index].lguest_data {
-            let rip = vm.vcpus[index].cpu.regs.rip;
-            if rip == read_ld(vm, ld, offset_of!(LguestData, noirq_iret))?
-                && emulate_iret(vm, index)?
-            {
+    if vector == 14 && error & PF_USER == 0 && !cx.vcpu.user_mode {
+        if let Some(ld) = cx.vcpu.lguest_data {
+            let rip = cx.vcpu.cpu.regs.rip;
+            if rip == ld.noirq_iret(cx.mem)? && emulate_iret(cx)? {
                 return Ok(());
             }
         }
     }
     // SYSCALL is off while a guest runs (it would enter the host): its #UD
     // in user mode is the guest's system call.
-    if vector == 6 && deliver_syscall(vm, index)? {
+    if vector == 6 && deliver_syscall(cx)? {
         return Ok(());
     }
     // Privileged instructions a kernel runs without a hook (port I/O,
     // mov from CR0/CR4, wbinvd, xsetbv): emulated in guest kernel mode.
-    if vector == 13
-        && error == 0
-        && !vm.vcpus[index].user_mode
-        && crate::emulate::privileged(vm, index)?
-    {
+    if vector == 13 && error == 0 && !cx.vcpu.user_mode && crate::emulate::privileged(cx)? {
         return Ok(());
     }
     let syscall = uapi::LGUEST_SYSCALL_VECTOR as u64;
     if vector == 13
         && (error == (syscall << 3) | 2 || error == (syscall << 4) | 2)
-        && vm.vcpus[index].idt[syscall as usize].handler != 0
+        && cx.vcpu.idt[syscall as usize].handler != 0
     {
-        let rip = vm.vcpus[index].cpu.regs.rip;
+        let rip = cx.vcpu.cpu.regs.rip;
         let mut insn = [0u8; 2];
-        if vm.read_guest_va(rip, &mut insn).is_ok() && insn == [0xcd, syscall as u8] {
-            vm.vcpus[index].cpu.regs.rip = rip + 2;
-            if deliver(vm, index, syscall, 0)? {
+        if cx.read_va(rip, &mut insn).is_ok() && insn == [0xcd, syscall as u8] {
+            cx.vcpu.cpu.regs.rip = rip + 2;
+            if deliver(cx, syscall, 0)? {
                 return Ok(());
             }
         }
     }
-    reflect_trap(vm, index, vector, error, cr2)
+    reflect_trap(cx, vector, error, cr2)
 }
 
 /// Reflects exception `vector` to the guest, or kills it if it has no
 /// handler for it.
 pub(crate) fn reflect_trap(
-    vm: &mut Vm,
-    index: usize,
+    cx: &mut Ctx<'_>,
     vector: u64,
     error: u64,
     cr2: u64,
 ) -> Result<(), Kill> {
     if vector == 14 {
-        if let Some(ld) = vm.vcpus[index].lguest_data {
-            write_ld(vm, ld, offset_of!(LguestData, cr2), cr2)?;
+        if let Some(ld) = cx.vcpu.lguest_data {
+            ld.set_cr2(cx.mem, cr2)?;
         }
     }
-    if deliver(vm, index, vector, error)? {
+    if deliver(cx, vector, error)? {
         return Ok(());
     }
-    let rip = vm.vcpus[index].cpu.regs.rip;
+    let rip = cx.vcpu.cpu.regs.rip;
     if vector == 14 {
         kill!("page fault at {cr2:#x} (error {error:#x}) at rip {rip:#x}")
     } else {
@@ -357,59 +317,54 @@ pub(crate) fn reflect_trap(
 }
 
 /// Interrupts pending and not blocked by the guest.
-fn deliverable(vm: &Vm, index: usize, ld: u64) -> Result<u64, Kill> {
-    let pending = vm.vcpus[index].irq.pending();
+fn deliverable(cx: &Ctx<'_>, ld: LguestData) -> Result<u64, Kill> {
+    let pending = cx.vcpu.irq.pending();
     if pending == 0 {
         return Ok(0);
     }
-    let blocked = read_ld(vm, ld, offset_of!(LguestData, blocked_interrupts))?;
+    let blocked = ld.blocked(cx.mem)?;
     Ok(pending & !blocked)
 }
 
 /// Delivers one pending interrupt if the guest can take it now; otherwise
 /// sets `irq_pending`. Called before every entry into the guest.
-pub(crate) fn maybe_deliver(vm: &mut Vm, index: usize) -> Result<(), Kill> {
-    let Some(ld) = vm.vcpus[index].lguest_data else {
+pub(crate) fn maybe_deliver(cx: &mut Ctx<'_>) -> Result<(), Kill> {
+    let Some(ld) = cx.vcpu.lguest_data else {
         return Ok(());
     };
-    let ready = deliverable(vm, index, ld)?;
+    let ready = deliverable(cx, ld)?;
     if ready == 0 {
-        return set_irq_pending(vm, index, ld, false);
+        return set_irq_pending(cx, ld, false);
     }
     // Guest user mode always takes interrupts; the kernel's virtual IF
     // and iret window are the kernel's.
-    if !vm.vcpus[index].user_mode {
-        if vm.vcpus[index].cpu.regs.rip == read_ld(vm, ld, offset_of!(LguestData, noirq_iret))? {
+    if !cx.vcpu.user_mode {
+        if cx.vcpu.cpu.regs.rip == ld.noirq_iret(cx.mem)? {
             return Ok(());
         }
-        if read_ld(vm, ld, offset_of!(LguestData, irq_enabled))? & uapi::X86_EFLAGS_IF == 0 {
-            return set_irq_pending(vm, index, ld, true);
+        if ld.irq_enabled(cx.mem)? & uapi::X86_EFLAGS_IF == 0 {
+            return set_irq_pending(cx, ld, true);
         }
     }
     let irq = ready.trailing_zeros();
-    vm.vcpus[index].irq.clear(irq);
-    if !deliver(vm, index, FIRST_IRQ_VECTOR + irq as u64, 0)? {
+    cx.vcpu.irq.clear(irq);
+    if !deliver(cx, FIRST_IRQ_VECTOR + irq as u64, 0)? {
         return kill!(
             "interrupt {irq} is not blocked but the guest has no handler for vector {}",
             FIRST_IRQ_VECTOR + irq as u64
         );
     }
     // Virtual IF is now off (interrupt gates): if more are waiting, say so.
-    let more = deliverable(vm, index, ld)? != 0;
-    set_irq_pending(vm, index, ld, more)
+    let more = deliverable(cx, ld)? != 0;
+    set_irq_pending(cx, ld, more)
 }
 
 /// `LHCALL_HALT`: interrupts on, and sleep until one is deliverable.
-pub(crate) fn halt(vm: &mut Vm, index: usize) -> Result<(), Kill> {
-    if let Some(ld) = vm.vcpus[index].lguest_data {
-        write_ld(
-            vm,
-            ld,
-            offset_of!(LguestData, irq_enabled),
-            uapi::X86_EFLAGS_IF,
-        )?;
+pub(crate) fn halt(cx: &mut Ctx<'_>) -> Result<(), Kill> {
+    if let Some(ld) = cx.vcpu.lguest_data {
+        ld.set_irq_enabled(cx.mem, true)?;
     }
-    vm.vcpus[index].halted = true;
+    cx.vcpu.halted = true;
     Ok(())
 }
 
@@ -424,17 +379,17 @@ pub(crate) enum Halted {
     Sleep { blocked: u64 },
 }
 
-/// Looks at a halted vCPU `index`: can it wake now, may it ever?
-pub(crate) fn halted(vm: &mut Vm, index: usize) -> Result<Halted, Kill> {
-    let Some(ld) = vm.vcpus[index].lguest_data else {
+/// Looks at a halted vCPU: can it wake now, may it ever?
+pub(crate) fn halted(cx: &mut Ctx<'_>) -> Result<Halted, Kill> {
+    let Some(ld) = cx.vcpu.lguest_data else {
         return Ok(Halted::Never);
     };
-    let blocked = read_ld(vm, ld, offset_of!(LguestData, blocked_interrupts))?;
+    let blocked = ld.blocked(cx.mem)?;
     if blocked == u64::MAX {
         return Ok(Halted::Never);
     }
-    if vm.vcpus[index].irq.pending() & !blocked != 0 {
-        vm.vcpus[index].halted = false;
+    if cx.vcpu.irq.pending() & !blocked != 0 {
+        cx.vcpu.halted = false;
         return Ok(Halted::Wake);
     }
     Ok(Halted::Sleep { blocked })

@@ -6,11 +6,15 @@
 //!
 //! - [`host`]: what the module requires of the host CPU, checked at load;
 //! - [`dev`]: the `/dev/lguest` misc device and its ioctls;
-//! - [`vm`]: a guest and its run loop; [`hcall`]: its hypercalls;
+//! - [`vm`]: a guest and its run loop; [`vcpu`]: a vCPU, its run page,
+//!   and the context the exit handlers get;
+//! - [`hcall`]: hypercalls; [`emulate`]: privileged instructions;
 //! - [`kill`]: the reasons a guest is killed for;
 //! - [`interrupts`]: the guest's IDT, delivery, `irq_pending`, HALT;
 //! - [`irq`]: interrupt sources: pending bits, the clock-event timer;
-//! - [`mm`]: pinned guest memory and shadow page tables;
+//! - [`lguest_data`]: typed access to the page the guest shares;
+//! - [`gmem`]: pinned guest memory and host pages;
+//! - [`shadow`]: the shadow page tables, their root cache and budget;
 //! - [`paging`]: the guest's own page tables, shadowed on demand;
 //! - [`notify`]: guest notifications bound to eventfds (`LGUEST_IOEVENTFD`);
 //! - [`switcher`] (with `switcher_64.S`): the trip into the guest and back;
@@ -29,16 +33,19 @@ use kernel::{
 
 mod dev;
 mod emulate;
+mod gmem;
 mod hcall;
 mod helpers;
 mod host;
 mod interrupts;
 mod irq;
 mod kill;
-mod mm;
+mod lguest_data;
 mod notify;
 mod paging;
+mod shadow;
 mod switcher;
+mod vcpu;
 mod vm;
 
 // The ABI is one file shared with userspace; the module uses part of it and

@@ -14,7 +14,7 @@
 //!
 //! Guest kernel and guest user mode both run in ring 3, so the hardware
 //! cannot tell them apart: each guest root has two shadow tables
-//! (`ShadowPair` in `vm.rs`). The kernel table maps every page the guest's
+//! (`ShadowPair` in `shadow.rs`). The kernel table maps every page the guest's
 //! tables map; the user table only pages whose entries have the U/S bit at
 //! every level, so guest user code cannot reach guest kernel memory. A
 //! fault in user mode on a supervisor page is reflected to the guest kernel
@@ -29,7 +29,7 @@
 //! every root (a table may be shared), `LHCALL_SET_PMD`, `LHCALL_SET_PGD`,
 //! `LHCALL_FLUSH_TLB` and `LHCALL_NEW_PGTABLE` of the current root drop
 //! every shadow. The number of shadow table pages is bounded: past
-//! [`MAX_SHADOW_PAGES`] (all roots together) the cached roots are dropped,
+//! `shadow::MAX_SHADOW_PAGES` (all roots together) the cached roots are dropped,
 //! then the current one, so a guest cannot make the host allocate without
 //! bound.
 //!
@@ -41,29 +41,27 @@
 use kernel::prelude::*;
 
 use crate::{
-    kill::{
-        kill,
-        Kill, //
-    },
-    mm::{
+    gmem::{
+        GuestMemory,
         PAGE_SIZE,
         PTE_A,
+        PTE_ADDR,
         PTE_D,
         PTE_NX,
         PTE_P,
         PTE_RW,
         PTE_US, //
     },
+    kill::{
+        kill,
+        Kill, //
+    },
     uapi,
-    vm::Vm,
+    vcpu::Ctx,
 };
 
 /// Page-size bit of PDPT and PD entries.
 const PTE_PS: u64 = 1 << 7;
-/// The physical-address bits of a guest entry (52-bit physical addresses).
-const PTE_ADDR: u64 = 0x000f_ffff_ffff_f000;
-/// Shadow table pages beyond which the lower half is dropped and refilled.
-pub(crate) const MAX_SHADOW_PAGES: usize = 4096;
 /// Page-fault error code bits.
 const PF_PRESENT: u64 = 1;
 const PF_WRITE: u64 = 2;
@@ -79,28 +77,31 @@ pub(crate) enum Fault {
 }
 
 /// Reads one guest page-table entry (8 bytes at guest-physical `gpa`).
-fn read_entry(vm: &Vm, gpa: u64) -> Result<u64, Kill> {
-    match vm.read_u64(gpa) {
+fn read_entry(mem: &GuestMemory, gpa: u64) -> Result<u64, Kill> {
+    match mem.read_u64(gpa) {
         Ok(e) => Ok(e),
         Err(_) => kill!("guest page table entry at {gpa:#x} is not in guest memory"),
     }
 }
 
 /// Writes back a guest entry whose A/D bits we set.
-fn write_entry(vm: &Vm, gpa: u64, v: u64) -> Result<(), Kill> {
-    if vm.write_u64(gpa, v).is_err() {
+fn write_entry(mem: &GuestMemory, gpa: u64, v: u64) -> Result<(), Kill> {
+    if mem.write_u64(gpa, v).is_err() {
         return kill!("guest page table entry at {gpa:#x} is not writable");
     }
     Ok(())
 }
 
 /// Checks that a guest entry's frame lies in guest RAM.
-fn frame_in_ram(vm: &Vm, entry: u64, size: u64, what: &str, va: u64) -> Result<u64, Kill> {
+fn frame_in_ram(
+    mem: &GuestMemory,
+    entry: u64,
+    size: u64,
+    what: &str,
+    va: u64,
+) -> Result<u64, Kill> {
     let base = entry & PTE_ADDR & !(size - 1);
-    if base
-        .checked_add(size)
-        .map_or(true, |end| end > vm.mem.size())
-    {
+    if base.checked_add(size).map_or(true, |end| end > mem.size()) {
         return kill!("guest {what} entry {entry:#x} for {va:#x} points outside guest memory");
     }
     Ok(base)
@@ -109,41 +110,41 @@ fn frame_in_ram(vm: &Vm, entry: u64, size: u64, what: &str, va: u64) -> Result<u
 /// `LHCALL_NEW_PGTABLE(gpa)`: the guest's top-level table is now at `gpa`.
 /// Another root's cached shadow is reused; the current root again means
 /// a flush (as reloading CR3 flushes the TLB).
-pub(crate) fn new_pgtable(vm: &mut Vm, gpa: u64) -> Result<(), Kill> {
+pub(crate) fn new_pgtable(cx: &mut Ctx<'_>, gpa: u64) -> Result<(), Kill> {
     if gpa % PAGE_SIZE != 0
         || gpa
             .checked_add(PAGE_SIZE)
-            .map_or(true, |e| e > vm.mem.size())
+            .map_or(true, |e| e > cx.mem.size())
     {
         return kill!("NEW_PGTABLE: bad page table address {gpa:#x}");
     }
-    if vm.guest_root == Some(gpa) {
-        return flush(vm);
+    if cx.shadows.guest_root() == Some(gpa) {
+        return flush(cx);
     }
-    if vm.switch_root(gpa).is_err() {
+    if cx.shadows.switch_root(gpa).is_err() {
         return kill!("out of memory for a new shadow page table");
     }
     Ok(())
 }
 
 /// Drops every shadow, current and cached (refilled on demand).
-pub(crate) fn flush(vm: &mut Vm) -> Result<(), Kill> {
-    if vm.guest_root.is_none() {
+pub(crate) fn flush(cx: &mut Ctx<'_>) -> Result<(), Kill> {
+    if cx.shadows.guest_root().is_none() {
         // Still on the linear map, which never changes.
         return Ok(());
     }
-    if vm.reset_shadow().is_err() {
+    if cx.shadows.reset().is_err() {
         return kill!("out of memory for a new shadow page table");
     }
     Ok(())
 }
 
 /// `LHCALL_SET_PTE(pgdir, va, pte)`: one entry changed: forget its page.
-pub(crate) fn set_pte(vm: &mut Vm, va: u64) -> Result<(), Kill> {
-    if vm.guest_root.is_none() || va >= uapi::GUEST_VA_END {
+pub(crate) fn set_pte(cx: &mut Ctx<'_>, va: u64) -> Result<(), Kill> {
+    if cx.shadows.guest_root().is_none() || va >= uapi::GUEST_VA_END {
         return Ok(());
     }
-    vm.shadow_unmap(va & !(PAGE_SIZE - 1));
+    cx.shadows.unmap(va & !(PAGE_SIZE - 1));
     Ok(())
 }
 
@@ -164,7 +165,7 @@ pub(crate) struct Walk {
 /// Walks the guest's 4-level tables at `root` for lower-half address `va`.
 /// `Ok(None)`: not present. Entries are read once each and checked; an
 /// entry that points outside guest RAM kills the guest.
-pub(crate) fn walk(vm: &Vm, root: u64, va: u64) -> Result<Option<Walk>, Kill> {
+pub(crate) fn walk(mem: &GuestMemory, root: u64, va: u64) -> Result<Option<Walk>, Kill> {
     let mut table = root;
     let mut writable = true;
     let mut nx = false;
@@ -173,7 +174,7 @@ pub(crate) fn walk(vm: &Vm, root: u64, va: u64) -> Result<Option<Walk>, Kill> {
     for (i, level) in (1..=4u32).rev().enumerate() {
         let shift = 12 + 9 * (level - 1);
         let at = table + 8 * ((va >> shift) & 511);
-        let e = read_entry(vm, at)?;
+        let e = read_entry(mem, at)?;
         if e & PTE_P == 0 {
             return Ok(None);
         }
@@ -183,7 +184,7 @@ pub(crate) fn walk(vm: &Vm, root: u64, va: u64) -> Result<Option<Walk>, Kill> {
         user &= e & PTE_US != 0;
         if level == 1 || (e & PTE_PS != 0 && level <= 3) {
             let size = 1u64 << shift;
-            let base = frame_in_ram(vm, e, size, "page", va)?;
+            let base = frame_in_ram(mem, e, size, "page", va)?;
             let gpa = base + (va & (size - 1) & !(PAGE_SIZE - 1));
             return Ok(Some(Walk {
                 entries,
@@ -197,17 +198,17 @@ pub(crate) fn walk(vm: &Vm, root: u64, va: u64) -> Result<Option<Walk>, Kill> {
         if level == 4 && e & PTE_PS != 0 {
             return kill!("guest top-level entry {e:#x} for {va:#x} has the page-size bit");
         }
-        table = frame_in_ram(vm, e, PAGE_SIZE, "table", va)?;
+        table = frame_in_ram(mem, e, PAGE_SIZE, "table", va)?;
     }
     kill!("guest page walk for {va:#x} found no page")
 }
 
-/// Handles a page fault of vCPU `index` at `va` with hardware error code
+/// Handles a page fault of the vCPU at `va` with hardware error code
 /// `error` (always a ring-3 fault): walks the guest's tables and maps the
 /// page, or says to reflect the fault with the error code the guest's own
 /// hardware would give (the U bit says whether it was in user mode).
-pub(crate) fn demand_page(vm: &mut Vm, index: usize, va: u64, error: u64) -> Result<Fault, Kill> {
-    let user_mode = vm.vcpus[index].user_mode;
+pub(crate) fn demand_page(cx: &mut Ctx<'_>, va: u64, error: u64) -> Result<Fault, Kill> {
+    let user_mode = cx.vcpu.user_mode;
     let write = error & PF_WRITE != 0;
     let fetch = error & PF_INSTR != 0;
     // The guest sees its own view: present only if its tables map the page.
@@ -216,7 +217,7 @@ pub(crate) fn demand_page(vm: &mut Vm, index: usize, va: u64, error: u64) -> Res
             | if user_mode { PF_USER } else { 0 }
             | if present { PF_PRESENT } else { 0 }
     };
-    let Some(root) = vm.guest_root else {
+    let Some(root) = cx.shadows.guest_root() else {
         // The linear map never changes: this is the guest's own fault.
         return Ok(Fault::Reflect(guest_error(error & PF_PRESENT != 0)));
     };
@@ -232,7 +233,7 @@ pub(crate) fn demand_page(vm: &mut Vm, index: usize, va: u64, error: u64) -> Res
         writable,
         nx,
         user,
-    }) = walk(vm, root, va)?
+    }) = walk(cx.mem, root, va)?
     else {
         return Ok(Fault::Reflect(guest_error(false)));
     };
@@ -249,11 +250,11 @@ pub(crate) fn demand_page(vm: &mut Vm, index: usize, va: u64, error: u64) -> Res
             v |= PTE_D;
         }
         if v != e {
-            write_entry(vm, at, v)?;
+            write_entry(cx.mem, at, v)?;
         }
     }
     let dirty = write || entries[last].1 & PTE_D != 0;
-    let Some(phys) = vm.mem.host_phys(gpa / PAGE_SIZE) else {
+    let Some(phys) = cx.mem.host_phys(gpa / PAGE_SIZE) else {
         return kill!("guest page {gpa:#x} for {va:#x} is not in guest memory");
     };
     let mut pte = phys | PTE_P | PTE_US | PTE_A;
@@ -263,11 +264,54 @@ pub(crate) fn demand_page(vm: &mut Vm, index: usize, va: u64, error: u64) -> Res
     if nx {
         pte |= PTE_NX;
     }
-    if vm
-        .shadow_map(va & !(PAGE_SIZE - 1), pte, user_mode)
+    if cx
+        .shadows
+        .map(va & !(PAGE_SIZE - 1), pte, user_mode)
         .is_err()
     {
         return kill!("out of memory for shadow page tables");
     }
     Ok(Fault::Fixed)
+}
+
+/// The guest-physical address of guest-virtual `[va, va + len)`, if it is
+/// mapped: on the linear map (`root` is `None`) RAM above 1 MiB, virtual
+/// equal to physical; with the guest's own tables at `root`, by walking
+/// them (the range must not cross a page).
+pub(crate) fn va_to_gpa(mem: &GuestMemory, root: Option<u64>, va: u64, len: usize) -> Option<u64> {
+    let end = va.checked_add(len as u64)?;
+    let Some(root) = root else {
+        return (va >= uapi::LGUEST_LOAD_MIN && end <= mem.size()).then_some(va);
+    };
+    if end > uapi::GUEST_VA_END || (va / PAGE_SIZE) != ((end - 1) / PAGE_SIZE) {
+        return None;
+    }
+    let page = walk(mem, root, va).ok().flatten()?.gpa;
+    Some(page + va % PAGE_SIZE)
+}
+
+/// Copies guest-virtual memory at `va` into `buf`, page by page.
+pub(crate) fn read_va(mem: &GuestMemory, root: Option<u64>, va: u64, buf: &mut [u8]) -> Result {
+    let mut done = 0;
+    while done < buf.len() {
+        let at = va.checked_add(done as u64).ok_or(EFAULT)?;
+        let n = core::cmp::min(buf.len() - done, (PAGE_SIZE - at % PAGE_SIZE) as usize);
+        let gpa = va_to_gpa(mem, root, at, n).ok_or(EFAULT)?;
+        mem.read(gpa, &mut buf[done..done + n])?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// Copies `data` to guest-virtual memory at `va`, page by page.
+pub(crate) fn write_va(mem: &GuestMemory, root: Option<u64>, va: u64, data: &[u8]) -> Result {
+    let mut done = 0;
+    while done < data.len() {
+        let at = va.checked_add(done as u64).ok_or(EFAULT)?;
+        let n = core::cmp::min(data.len() - done, (PAGE_SIZE - at % PAGE_SIZE) as usize);
+        let gpa = va_to_gpa(mem, root, at, n).ok_or(EFAULT)?;
+        mem.write(gpa, &data[done..done + n])?;
+        done += n;
+    }
+    Ok(())
 }

@@ -23,11 +23,8 @@ use kernel::{
 };
 
 use crate::{
-    helpers,
-    irq::VcpuIrq,
-    mm::{
+    gmem::{
         HostPage,
-        ShadowTable,
         PAGE_SIZE,
         PTE_A,
         PTE_D,
@@ -35,6 +32,9 @@ use crate::{
         PTE_P,
         PTE_RW, //
     },
+    helpers,
+    irq::VcpuIrq,
+    shadow::ShadowTable,
     uapi::{
         self,
         LguestRegs, //

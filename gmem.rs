@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
-//! Memory: host pages for page tables, the guest's pinned RAM, and the
-//! shadow page tables the guest really runs on.
+//! Memory: host pages (for page tables and run pages) and the guest's
+//! pinned RAM, with the host's reads and writes of guest-physical memory.
 //!
 //! Guest RAM is the launcher's memory. At VM creation every page of it is
 //! pinned (`pin_user_pages_fast` with `FOLL_LONGTERM`), so the physical pages
@@ -15,9 +15,8 @@
 //! what its own threads see: the guest and the module go on with the pages
 //! pinned at creation.
 //!
-//! The shadow tables are owned by one [`ShadowTable`]: every table page it
-//! allocated is in its `pages` list and freed with it. Nothing here is
-//! shared between threads without the VM's lock.
+//! Guest-virtual accesses walk the guest's tables first (`paging.rs`).
+//! Nothing here is shared between threads without the VM's lock.
 
 use kernel::{
     alloc::flags::{
@@ -29,7 +28,13 @@ use kernel::{
     prelude::*, //
 };
 
-use crate::helpers;
+use crate::{
+    helpers,
+    uapi::{
+        self,
+        LguestRun, //
+    },
+};
 
 /// Page size.
 pub(crate) const PAGE_SIZE: u64 = 4096;
@@ -41,8 +46,8 @@ pub(crate) const PTE_US: u64 = 1 << 2;
 pub(crate) const PTE_A: u64 = 1 << 5;
 pub(crate) const PTE_D: u64 = 1 << 6;
 pub(crate) const PTE_NX: u64 = 1 << 63;
-/// The physical address bits of an entry.
-const PTE_ADDR: u64 = 0x000f_ffff_ffff_f000;
+/// The physical address bits of an entry (52-bit physical addresses).
+pub(crate) const PTE_ADDR: u64 = 0x000f_ffff_ffff_f000;
 
 /// A zeroed page of host memory, with its physical and kernel addresses.
 pub(crate) struct HostPage {
@@ -87,6 +92,63 @@ impl HostPage {
         &self.page
     }
 }
+
+/// What an exit writes into a vCPU's run page (`uapi::LguestRun`).
+pub(crate) struct RunExit<'a> {
+    pub(crate) reason: u32,
+    pub(crate) notify_addr: u64,
+    pub(crate) notify_arg: u64,
+    pub(crate) shutdown_reason: u64,
+    pub(crate) stat_exits: u64,
+    pub(crate) stat_hypercalls: u64,
+    pub(crate) stat_shadow_pages: u64,
+    pub(crate) stat_fpu_entries: u64,
+    /// Cut to `LGUEST_MESSAGE_LEN - 1` bytes and NUL-terminated.
+    pub(crate) message: &'a [u8],
+}
+
+/// A page used as a vCPU's run page, shared with the launcher (which may
+/// write `immediate_exit` at any time and reads the rest after RUN).
+impl HostPage {
+    fn run_ptr(&self) -> *mut LguestRun {
+        self.va.cast()
+    }
+
+    /// Reads the run page's `immediate_exit` once.
+    pub(crate) fn run_immediate_exit(&self) -> bool {
+        // SAFETY: The page is ours and a `LguestRun` fits in it (asserted
+        // below); the launcher may write the byte at any time, hence the
+        // volatile read.
+        unsafe { core::ptr::addr_of!((*self.run_ptr()).immediate_exit).read_volatile() != 0 }
+    }
+
+    /// Fills the run page for an exit to the launcher.
+    pub(crate) fn run_write_exit(&self, e: &RunExit<'_>) {
+        let r = self.run_ptr();
+        let n = core::cmp::min(e.message.len(), uapi::LGUEST_MESSAGE_LEN - 1);
+        // SAFETY: `r` points to our page (see `run_immediate_exit`); each
+        // field is written with a volatile store as the launcher may read it
+        // concurrently (it only should after RUN returns); the message and
+        // its NUL fit the `message` array (`n < LGUEST_MESSAGE_LEN`).
+        unsafe {
+            core::ptr::addr_of_mut!((*r).exit_reason).write_volatile(e.reason);
+            core::ptr::addr_of_mut!((*r).notify_addr).write_volatile(e.notify_addr);
+            core::ptr::addr_of_mut!((*r).notify_arg).write_volatile(e.notify_arg);
+            core::ptr::addr_of_mut!((*r).shutdown_reason).write_volatile(e.shutdown_reason);
+            core::ptr::addr_of_mut!((*r).stat_exits).write_volatile(e.stat_exits);
+            core::ptr::addr_of_mut!((*r).stat_hypercalls).write_volatile(e.stat_hypercalls);
+            core::ptr::addr_of_mut!((*r).stat_shadow_pages).write_volatile(e.stat_shadow_pages);
+            core::ptr::addr_of_mut!((*r).stat_fpu_entries).write_volatile(e.stat_fpu_entries);
+            let msg = core::ptr::addr_of_mut!((*r).message).cast::<u8>();
+            for (i, &b) in e.message[..n].iter().enumerate() {
+                msg.add(i).write_volatile(b);
+            }
+            msg.add(n).write_volatile(0);
+        }
+    }
+}
+
+const _: () = assert!(core::mem::size_of::<LguestRun>() <= PAGE_SIZE as usize);
 
 /// The guest's RAM: the launcher's pages, pinned.
 ///
@@ -187,6 +249,18 @@ impl GuestMemory {
         Ok(())
     }
 
+    /// Reads the u64 at guest-physical `gpa`.
+    pub(crate) fn read_u64(&self, gpa: u64) -> Result<u64> {
+        let mut b = [0u8; 8];
+        self.read(gpa, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// Writes the u64 `v` at guest-physical `gpa`.
+    pub(crate) fn write_u64(&self, gpa: u64, v: u64) -> Result {
+        self.write(gpa, &v.to_le_bytes())
+    }
+
     /// Size in bytes.
     pub(crate) fn size(&self) -> u64 {
         self.pages.len() as u64 * PAGE_SIZE
@@ -214,110 +288,5 @@ impl Drop for GuestMemory {
                 true,
             )
         };
-    }
-}
-
-/// A shadow page-table tree: 4 or 5 levels, as the host uses.
-pub(crate) struct ShadowTable {
-    levels: u32,
-    root: HostPage,
-    pages: KVec<HostPage>,
-    /// The CPU whose switcher block this table maps, if any (switcher.rs).
-    pub(crate) mapped_cpu: Option<u32>,
-    /// Table pages the switcher's mappings took (not the guest's doing).
-    switcher_pages: usize,
-}
-
-impl ShadowTable {
-    /// An empty tree with `levels` levels (4 or 5).
-    pub(crate) fn new(levels: u32) -> Result<Self> {
-        Ok(Self {
-            levels,
-            root: HostPage::new()?,
-            pages: KVec::new(),
-            mapped_cpu: None,
-            switcher_pages: 0,
-        })
-    }
-
-    /// Physical address of the root, for CR3.
-    pub(crate) fn root_phys(&self) -> u64 {
-        self.root.phys()
-    }
-
-    /// Number of table pages, the root included.
-    pub(crate) fn table_pages(&self) -> usize {
-        self.pages.len() + 1
-    }
-
-    /// Records that every table page so far belongs to the switcher's
-    /// mappings (called right after mapping it).
-    pub(crate) fn mark_switcher_pages(&mut self) {
-        self.switcher_pages = self.table_pages();
-    }
-
-    /// Table pages made for the guest's own mappings: what counts against
-    /// its budget.
-    pub(crate) fn guest_pages(&self) -> usize {
-        self.table_pages() - self.switcher_pages
-    }
-
-    fn index(va: u64, level: u32) -> usize {
-        ((va >> (12 + 9 * (level - 1))) & 511) as usize
-    }
-
-    /// Reads entry `i` of our table at physical address `table`.
-    fn entry(table: u64, i: usize) -> u64 {
-        let va = (helpers::page_offset_base() + table) as *const u64;
-        // SAFETY: `table` is the root or a page in `self.pages` (only our
-        // own entries lead to it), mapped in the direct map; `i < 512`.
-        unsafe { va.add(i & 511).read_volatile() }
-    }
-
-    /// Writes entry `i` of our table at physical address `table`.
-    fn set_entry(table: u64, i: usize, v: u64) {
-        let va = (helpers::page_offset_base() + table) as *mut u64;
-        // SAFETY: As in `entry`; a whole-word volatile store, since the
-        // hardware may walk the table at the same time.
-        unsafe { va.add(i & 511).write_volatile(v) }
-    }
-
-    /// Finds (allocating if `alloc`) the last-level table for `va`; upper
-    /// entries get `upper` flags. Returns the table's physical address.
-    fn leaf_table(&mut self, va: u64, upper: u64, alloc: bool) -> Result<u64> {
-        let mut table = self.root.phys();
-        for level in (2..=self.levels).rev() {
-            let i = Self::index(va, level);
-            let e = Self::entry(table, i);
-            if e & PTE_P != 0 {
-                table = e & PTE_ADDR;
-                continue;
-            }
-            if !alloc {
-                return Err(ENOENT);
-            }
-            let new = HostPage::new()?;
-            let phys = new.phys();
-            self.pages.push(new, GFP_KERNEL_ACCOUNT)?;
-            Self::set_entry(table, i, phys | upper);
-            table = phys;
-        }
-        Ok(table)
-    }
-
-    /// Maps the 4 KiB page at `va` to `pte` (physical address and flags),
-    /// allocating tables on the way; upper entries get `upper` flags.
-    pub(crate) fn map(&mut self, va: u64, pte: u64, upper: u64) -> Result {
-        let t = self.leaf_table(va, upper, true)?;
-        Self::set_entry(t, Self::index(va, 1), pte);
-        Ok(())
-    }
-
-    /// Rewrites the entry for `va` whose tables already exist (no allocation:
-    /// usable with interrupts off).
-    pub(crate) fn set_existing(&mut self, va: u64, pte: u64) -> Result {
-        let t = self.leaf_table(va, 0, false)?;
-        Self::set_entry(t, Self::index(va, 1), pte);
-        Ok(())
     }
 }

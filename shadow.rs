@@ -1,0 +1,306 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The shadow page tables the guest really runs on, and their policy: one
+//! pair of tables per guest root, a few roots kept, and a bound on them all.
+//!
+//! A [`ShadowTable`] owns every table page it allocated (its `pages` list)
+//! and frees them with it. Guest kernel and guest user mode both run in
+//! ring 3, so each guest root has a [`ShadowPair`]: the kernel's view and
+//! user mode's view (see `paging.rs`). [`Shadows`] is the VM's set: the
+//! current pair, up to [`ROOT_CACHE`] pairs of other guest roots (so a
+//! guest context switch does not start from an empty table), and the
+//! budget of [`MAX_SHADOW_PAGES`] table pages over all of them. `paging.rs`
+//! decides what to map; this file only holds and bounds the tables. Used
+//! with the VM's lock held.
+
+use kernel::prelude::*;
+
+use crate::{
+    gmem::{
+        HostPage,
+        PTE_ADDR,
+        PTE_P,
+        PTE_RW,
+        PTE_US, //
+    },
+    helpers,
+    switcher::Switcher,
+};
+
+/// A shadow page-table tree: 4 or 5 levels, as the host uses.
+pub(crate) struct ShadowTable {
+    levels: u32,
+    root: HostPage,
+    pages: KVec<HostPage>,
+    /// The CPU whose switcher block this table maps, if any (switcher.rs).
+    pub(crate) mapped_cpu: Option<u32>,
+    /// Table pages the switcher's mappings took (not the guest's doing).
+    switcher_pages: usize,
+}
+
+impl ShadowTable {
+    /// An empty tree with `levels` levels (4 or 5).
+    pub(crate) fn new(levels: u32) -> Result<Self> {
+        Ok(Self {
+            levels,
+            root: HostPage::new()?,
+            pages: KVec::new(),
+            mapped_cpu: None,
+            switcher_pages: 0,
+        })
+    }
+
+    /// Physical address of the root, for CR3.
+    pub(crate) fn root_phys(&self) -> u64 {
+        self.root.phys()
+    }
+
+    /// Number of table pages, the root included.
+    pub(crate) fn table_pages(&self) -> usize {
+        self.pages.len() + 1
+    }
+
+    /// Records that every table page so far belongs to the switcher's
+    /// mappings (called right after mapping it).
+    pub(crate) fn mark_switcher_pages(&mut self) {
+        self.switcher_pages = self.table_pages();
+    }
+
+    /// Table pages made for the guest's own mappings: what counts against
+    /// its budget.
+    pub(crate) fn guest_pages(&self) -> usize {
+        self.table_pages() - self.switcher_pages
+    }
+
+    fn index(va: u64, level: u32) -> usize {
+        ((va >> (12 + 9 * (level - 1))) & 511) as usize
+    }
+
+    /// Reads entry `i` of our table at physical address `table`.
+    fn entry(table: u64, i: usize) -> u64 {
+        let va = (helpers::page_offset_base() + table) as *const u64;
+        // SAFETY: `table` is the root or a page in `self.pages` (only our
+        // own entries lead to it), mapped in the direct map; `i < 512`.
+        unsafe { va.add(i & 511).read_volatile() }
+    }
+
+    /// Writes entry `i` of our table at physical address `table`.
+    fn set_entry(table: u64, i: usize, v: u64) {
+        let va = (helpers::page_offset_base() + table) as *mut u64;
+        // SAFETY: As in `entry`; a whole-word volatile store, since the
+        // hardware may walk the table at the same time.
+        unsafe { va.add(i & 511).write_volatile(v) }
+    }
+
+    /// Finds (allocating if `alloc`) the last-level table for `va`; upper
+    /// entries get `upper` flags. Returns the table's physical address.
+    fn leaf_table(&mut self, va: u64, upper: u64, alloc: bool) -> Result<u64> {
+        let mut table = self.root.phys();
+        for level in (2..=self.levels).rev() {
+            let i = Self::index(va, level);
+            let e = Self::entry(table, i);
+            if e & PTE_P != 0 {
+                table = e & PTE_ADDR;
+                continue;
+            }
+            if !alloc {
+                return Err(ENOENT);
+            }
+            let new = HostPage::new()?;
+            let phys = new.phys();
+            self.pages
+                .push(new, kernel::alloc::flags::GFP_KERNEL_ACCOUNT)?;
+            Self::set_entry(table, i, phys | upper);
+            table = phys;
+        }
+        Ok(table)
+    }
+
+    /// Maps the 4 KiB page at `va` to `pte` (physical address and flags),
+    /// allocating tables on the way; upper entries get `upper` flags.
+    pub(crate) fn map(&mut self, va: u64, pte: u64, upper: u64) -> Result {
+        let t = self.leaf_table(va, upper, true)?;
+        Self::set_entry(t, Self::index(va, 1), pte);
+        Ok(())
+    }
+
+    /// Rewrites the entry for `va` whose tables already exist (no allocation:
+    /// usable with interrupts off).
+    pub(crate) fn set_existing(&mut self, va: u64, pte: u64) -> Result {
+        let t = self.leaf_table(va, 0, false)?;
+        Self::set_entry(t, Self::index(va, 1), pte);
+        Ok(())
+    }
+}
+
+/// Shadow table pages (all roots together, the switcher's excluded) beyond
+/// which the cached roots are dropped, then the current pair refilled.
+pub(crate) const MAX_SHADOW_PAGES: usize = 4096;
+
+/// The shadow tables of one guest root: the guest kernel's view (every
+/// mapping of the guest's tables) and guest user mode's view (only pages
+/// with the U/S bit set at every level), as Xen PV and PVM split them. Both
+/// map the switcher.
+pub(crate) struct ShadowPair {
+    kernel: ShadowTable,
+    user: ShadowTable,
+}
+
+impl ShadowPair {
+    /// Two empty tables, with the switcher mapped in each.
+    fn new() -> Result<Self> {
+        let sw = Switcher::get()?;
+        let mut kernel = ShadowTable::new(sw.levels())?;
+        sw.map_into(&mut kernel)?;
+        kernel.mark_switcher_pages();
+        let mut user = ShadowTable::new(sw.levels())?;
+        sw.map_into(&mut user)?;
+        user.mark_switcher_pages();
+        Ok(Self { kernel, user })
+    }
+
+    /// Table pages in both.
+    fn pages(&self) -> usize {
+        self.kernel.table_pages() + self.user.table_pages()
+    }
+
+    /// Table pages in both that the guest's mappings made (its budget).
+    fn guest_pages(&self) -> usize {
+        self.kernel.guest_pages() + self.user.guest_pages()
+    }
+
+    /// Forgets guest-virtual page `va` in both.
+    fn unmap(&mut self, va: u64) {
+        // Not mapped (no table on the way) is fine: nothing to forget.
+        let _ = self.kernel.set_existing(va, 0);
+        let _ = self.user.set_existing(va, 0);
+    }
+}
+
+/// Shadow roots kept for guest roots that are not current, so that
+/// switching back (a guest context switch) does not start from nothing.
+pub(crate) const ROOT_CACHE: usize = 4;
+
+/// A cached shadow pair and the guest root it shadows.
+struct CachedRoot {
+    root: u64,
+    pair: ShadowPair,
+    /// When it was last current (for least-recently-used eviction).
+    stamp: u64,
+}
+
+/// A VM's shadow tables: the current pair and the cached ones.
+pub(crate) struct Shadows {
+    /// The shadow pair of the current guest root (or of the linear map).
+    current: ShadowPair,
+    /// Other guest roots' shadow pairs, at most [`ROOT_CACHE`].
+    roots: KVec<CachedRoot>,
+    /// Counts root switches (the clock of `CachedRoot::stamp`).
+    switches: u64,
+    /// The guest's own top-level page table (guest-physical), once it gave
+    /// one with `LHCALL_NEW_PGTABLE`; until then the linear map.
+    guest_root: Option<u64>,
+}
+
+impl Shadows {
+    /// An empty current pair (the switcher mapped), on the linear map.
+    pub(crate) fn new() -> Result<Self> {
+        Ok(Self {
+            current: ShadowPair::new()?,
+            roots: KVec::new(),
+            switches: 0,
+            guest_root: None,
+        })
+    }
+
+    /// The guest root being shadowed; `None`: the linear map.
+    pub(crate) fn guest_root(&self) -> Option<u64> {
+        self.guest_root
+    }
+
+    /// The table the guest runs on next: user mode's view or the kernel's.
+    pub(crate) fn table(&mut self, user_mode: bool) -> &mut ShadowTable {
+        if user_mode {
+            &mut self.current.user
+        } else {
+            &mut self.current.kernel
+        }
+    }
+
+    /// Maps the linear map's page `va` (guest-virtual = guest-physical) in
+    /// the kernel view of the current pair, outside the budget (the linear
+    /// map is built once, at creation).
+    pub(crate) fn map_linear(&mut self, va: u64, pte: u64) -> Result {
+        let user = PTE_P | PTE_RW | PTE_US;
+        self.current.kernel.map(va, pte, user)
+    }
+
+    /// Drops every shadow: the cached roots, and the current pair is
+    /// replaced by empty tables (plus the switcher). The guest's mappings
+    /// are refilled on demand.
+    pub(crate) fn reset(&mut self) -> Result {
+        let fresh = ShadowPair::new()?;
+        self.roots.clear();
+        self.current = fresh;
+        Ok(())
+    }
+
+    /// Makes guest root `root` current (it is not the current one): the
+    /// current pair goes to the cache (evicting the least recently used),
+    /// and `root`'s cached pair, if any, comes back.
+    pub(crate) fn switch_root(&mut self, root: u64) -> Result {
+        let next = match self.roots.iter().position(|c| c.root == root) {
+            Some(i) => self.roots.remove(i).map_err(|_| EINVAL)?.pair,
+            None => ShadowPair::new()?,
+        };
+        let old = core::mem::replace(&mut self.current, next);
+        self.switches += 1;
+        // The linear map is never switched back to: it is not kept.
+        if let Some(old_root) = self.guest_root.replace(root) {
+            if self.roots.len() >= ROOT_CACHE {
+                let lru = (0..self.roots.len())
+                    .min_by_key(|&i| self.roots[i].stamp)
+                    .unwrap_or(0);
+                drop(self.roots.remove(lru));
+            }
+            let cached = CachedRoot {
+                root: old_root,
+                pair: old,
+                stamp: self.switches,
+            };
+            // With no memory to keep it, the old pair is simply dropped.
+            let _ = self.roots.push(cached, GFP_KERNEL);
+        }
+        Ok(())
+    }
+
+    /// Maps guest-virtual page `va` in the current pair, in the user table
+    /// (guest user mode's view) or the kernel table. All shadows together
+    /// stay below [`MAX_SHADOW_PAGES`] table pages: past it the cached
+    /// roots go, then the current pair starts over.
+    pub(crate) fn map(&mut self, va: u64, pte: u64, user_view: bool) -> Result {
+        let cached: usize = self.roots.iter().map(|c| c.pair.guest_pages()).sum();
+        if cached + self.current.guest_pages() >= MAX_SHADOW_PAGES {
+            self.roots.clear();
+            if self.current.guest_pages() >= MAX_SHADOW_PAGES {
+                self.reset()?;
+            }
+        }
+        let user = PTE_P | PTE_RW | PTE_US;
+        self.table(user_view).map(va, pte, user)
+    }
+
+    /// Forgets guest-virtual page `va` in every shadow, current and cached
+    /// (a guest table may be shared between roots).
+    pub(crate) fn unmap(&mut self, va: u64) {
+        self.current.unmap(va);
+        for c in self.roots.iter_mut() {
+            c.pair.unmap(va);
+        }
+    }
+
+    /// Table pages in all shadows (reported in the run page when RUN
+    /// returns).
+    pub(crate) fn pages(&self) -> usize {
+        self.current.pages() + self.roots.iter().map(|c| c.pair.pages()).sum::<usize>()
+    }
+}
