@@ -58,6 +58,7 @@ fn name(nr: u64) -> &'static str {
         uapi::LHCALL_IRET_USER => "IRET_USER",
         uapi::LHCALL_SET_SYSCALL => "SET_SYSCALL",
         uapi::LHCALL_SET_SEGMENT_BASE => "SET_SEGMENT_BASE",
+        uapi::LHCALL_IRET => "IRET",
         _ => "unknown",
     }
 }
@@ -76,8 +77,8 @@ pub(crate) fn do_hypercalls(cx: &mut Ctx<'_>) -> Result<Option<UserExit>, Kill> 
         arg4: regs.r10,
     };
     let exit = dispatch(cx, &args, false)?;
-    // IRET_USER loaded the user's RAX: leave it.
-    if !cx.vcpu.user_mode {
+    // IRET_USER and IRET loaded the RAX to return with: leave it.
+    if !matches!(args.arg0, uapi::LHCALL_IRET_USER | uapi::LHCALL_IRET) {
         cx.vcpu.cpu.regs.rax = 0;
     }
     Ok(exit)
@@ -112,14 +113,18 @@ fn dispatch(cx: &mut Ctx<'_>, a: &HcallArgs, in_ring: bool) -> Result<Option<Use
     // Calls that end the turn or change the vCPU's mode and registers.
     let needs_launcher = matches!(
         nr,
-        uapi::LHCALL_SHUTDOWN | uapi::LHCALL_NOTIFY | uapi::LHCALL_HALT | uapi::LHCALL_IRET_USER
+        uapi::LHCALL_SHUTDOWN
+            | uapi::LHCALL_NOTIFY
+            | uapi::LHCALL_HALT
+            | uapi::LHCALL_IRET_USER
+            | uapi::LHCALL_IRET
     );
     if in_ring && needs_launcher {
         return kill!("hypercall {} is not allowed in the async ring", name(nr));
     }
     match nr {
         uapi::LHCALL_FLUSH_ASYNC | uapi::LHCALL_SEND_INTERRUPTS => Ok(None),
-        uapi::LHCALL_LGUEST_INIT => init(cx, a.arg1).map(|()| None),
+        uapi::LHCALL_LGUEST_INIT => init(cx, a.arg1, a.arg2).map(|()| None),
         uapi::LHCALL_SHUTDOWN => shutdown(cx, a.arg1, a.arg2).map(Some),
         // A bound address wakes its device thread; the guest goes on.
         uapi::LHCALL_NOTIFY if cx.notifiers.signal(a.arg1) => Ok(None),
@@ -153,6 +158,7 @@ fn dispatch(cx: &mut Ctx<'_>, a: &HcallArgs, in_ring: bool) -> Result<Option<Use
             Ok(None)
         }
         uapi::LHCALL_IRET_USER => iret_user(cx).map(|()| None),
+        uapi::LHCALL_IRET => iret(cx).map(|()| None),
         uapi::LHCALL_SET_SYSCALL => {
             if a.arg1 >= uapi::GUEST_VA_END {
                 return kill!("SET_SYSCALL: entry {:#x} is not a guest address", a.arg1);
@@ -168,15 +174,79 @@ fn dispatch(cx: &mut Ctx<'_>, a: &HcallArgs, in_ring: bool) -> Result<Option<Use
     }
 }
 
+/// Whether guest user mode may be entered: the guest's own tables, and a
+/// kernel stack for the way back (`what` names the call for the reason).
+fn user_mode_ready(cx: &Ctx<'_>, what: &str) -> Result<(), Kill> {
+    if cx.shadows.guest_root().is_none() {
+        return kill!("{what} before NEW_PGTABLE: user mode needs the guest's own page tables");
+    }
+    if cx.vcpu.kernel_stack == 0 {
+        return kill!("{what} before SET_STACK: user mode needs a kernel stack");
+    }
+    Ok(())
+}
+
+/// Enters guest user mode at `rip` with `rsp`, RAX `rax` and `rflags`
+/// (checked by the caller): virtual interrupts on, the user GS base, the
+/// user shadow table from the next entry on.
+fn enter_user(cx: &mut Ctx<'_>, rax: u64, rip: u64, rflags: u64, rsp: u64) -> Result<(), Kill> {
+    // User mode runs with virtual interrupts on.
+    let Some(ld) = cx.vcpu.lguest_data else {
+        return kill!("user mode before LGUEST_INIT");
+    };
+    ld.set_irq_enabled(cx.mem, true)?;
+    let v = &mut *cx.vcpu;
+    v.cpu.regs.rax = rax;
+    v.cpu.regs.rip = rip;
+    v.cpu.regs.rsp = rsp;
+    v.cpu.regs.rflags = GuestCpu::sanitize_flags(rflags);
+    v.cpu.toggle_gs();
+    v.user_mode = true;
+    Ok(())
+}
+
+/// `LHCALL_IRET`: the guest's `iretq` through the [`uapi::LguestIret`]
+/// frame at its RSP, to kernel or user mode as its selectors say.
+fn iret(cx: &mut Ctx<'_>) -> Result<(), Kill> {
+    let rsp = cx.vcpu.cpu.regs.rsp;
+    let mut b = [0u8; core::mem::size_of::<uapi::LguestIret>()];
+    if cx.read_va(rsp, &mut b).is_err() {
+        return kill!("IRET: the frame at {rsp:#x} is not mapped");
+    }
+    let w = |i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]));
+    let (rax, rip, cs, rflags, new_rsp, ss) = (w(0), w(1), w(2), w(3), w(4), w(5));
+    if !GuestCpu::enterable(rip, new_rsp) {
+        return kill!("IRET: bad rip {rip:#x} or rsp {new_rsp:#x}");
+    }
+    let to_user = if (cs, ss) == cx.vcpu.frame_selectors(false) {
+        false
+    } else if (cs, ss) == cx.vcpu.frame_selectors(true) {
+        true
+    } else {
+        return kill!("IRET: bad selectors cs {cs:#x} ss {ss:#x}");
+    };
+    if to_user {
+        user_mode_ready(cx, "IRET to user mode")?;
+        return enter_user(cx, rax, rip, rflags, new_rsp);
+    }
+    let Some(ld) = cx.vcpu.lguest_data else {
+        return kill!("IRET before LGUEST_INIT");
+    };
+    // The frame's IF is the virtual IF to return with, set at once: a
+    // pending interrupt is delivered before the guest runs again.
+    ld.set_irq_enabled(cx.mem, rflags & uapi::X86_EFLAGS_IF != 0)?;
+    let r = &mut cx.vcpu.cpu.regs;
+    r.rax = rax;
+    r.rip = rip;
+    r.rsp = new_rsp;
+    r.rflags = GuestCpu::sanitize_flags(rflags);
+    Ok(())
+}
+
 /// `LHCALL_IRET_USER`: the guest kernel returns to user mode through the
 /// [`uapi::LguestIretUser`] frame at its RSP.
 fn iret_user(cx: &mut Ctx<'_>) -> Result<(), Kill> {
-    if cx.shadows.guest_root().is_none() {
-        return kill!("IRET_USER before NEW_PGTABLE: user mode needs the guest's own page tables");
-    }
-    if cx.vcpu.kernel_stack == 0 {
-        return kill!("IRET_USER before SET_STACK: user mode needs a kernel stack");
-    }
+    user_mode_ready(cx, "IRET_USER")?;
     let rsp = cx.vcpu.cpu.regs.rsp;
     let mut b = [0u8; core::mem::size_of::<uapi::LguestIretUser>()];
     if cx.read_va(rsp, &mut b).is_err() {
@@ -191,19 +261,7 @@ fn iret_user(cx: &mut Ctx<'_>) -> Result<(), Kill> {
     if !GuestCpu::enterable(rip, user_rsp) {
         return kill!("IRET_USER: bad user rip {rip:#x} or rsp {user_rsp:#x}");
     }
-    // User mode runs with virtual interrupts on.
-    let Some(ld) = cx.vcpu.lguest_data else {
-        return kill!("IRET_USER before LGUEST_INIT");
-    };
-    ld.set_irq_enabled(cx.mem, true)?;
-    let v = &mut *cx.vcpu;
-    v.cpu.regs.rax = rax;
-    v.cpu.regs.rip = rip;
-    v.cpu.regs.rsp = user_rsp;
-    v.cpu.regs.rflags = GuestCpu::sanitize_flags(rflags);
-    v.cpu.toggle_gs();
-    v.user_mode = true;
-    Ok(())
+    enter_user(cx, rax, rip, rflags, user_rsp)
 }
 
 /// `LHCALL_SET_SEGMENT_BASE(which, base)`: the FS base, the guest kernel's
@@ -223,12 +281,17 @@ fn set_segment_base(cx: &mut Ctx<'_>, which: u64, base: u64) -> Result<(), Kill>
     Ok(())
 }
 
-/// `LHCALL_LGUEST_INIT(gpa)`: the guest registers its `lguest_data`.
-fn init(cx: &mut Ctx<'_>, gpa: u64) -> Result<(), Kill> {
+/// `LHCALL_LGUEST_INIT(gpa, flags)`: the guest registers its
+/// `lguest_data` and says how its frames look.
+fn init(cx: &mut Ctx<'_>, gpa: u64, flags: u64) -> Result<(), Kill> {
     if cx.vcpu.lguest_data.is_some() {
         return kill!("LGUEST_INIT called twice");
     }
+    if flags & !uapi::LGUEST_INIT_LINUX_FRAMES != 0 {
+        return kill!("LGUEST_INIT: unknown flags {flags:#x}");
+    }
     cx.vcpu.lguest_data = Some(LguestData::register(cx.mem, gpa)?);
+    cx.vcpu.linux_frames = flags & uapi::LGUEST_INIT_LINUX_FRAMES != 0;
     Ok(())
 }
 

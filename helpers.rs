@@ -132,6 +132,12 @@ pub(crate) fn monotonic_ns() -> u64 {
     unsafe { bindings::ktime_get() as u64 }
 }
 
+/// Busy-waits `us` microseconds, interrupts as they are.
+pub(crate) fn udelay(us: u32) {
+    // SAFETY: __udelay only spins on the TSC; any context.
+    unsafe { bindings::__udelay(us as usize) }
+}
+
 /// The wall-clock time: seconds and nanoseconds since the epoch.
 pub(crate) fn real_time() -> (u64, u64) {
     let mut ts = bindings::timespec64 {

@@ -95,8 +95,9 @@ fn set_irq_pending(cx: &mut Ctx<'_>, ld: LguestData, on: bool) -> Result<(), Kil
 /// vector has one. `Ok(false)`: the guest has no handler for it.
 ///
 /// From guest kernel mode the frame goes on the current stack. From guest
-/// user mode it goes on the kernel stack (`LHCALL_SET_STACK`), its CS is
-/// [`uapi::LGUEST_USER_CS`], and the guest is in kernel mode afterwards
+/// user mode it goes on the kernel stack (`LHCALL_SET_STACK`), its CS and
+/// SS are the user ones (`Vcpu::frame_selectors`), and the guest is in
+/// kernel mode afterwards
 /// (the kernel shadow table is used from the next entry on).
 pub(crate) fn deliver(cx: &mut Ctx<'_>, vector: u64, error: u64) -> Result<bool, Kill> {
     let gate = cx.vcpu.idt[(vector & 255) as usize];
@@ -150,7 +151,7 @@ fn enter_kernel(
     };
     let user_mode = cx.vcpu.user_mode;
     let regs = cx.vcpu.cpu.regs;
-    let (stack, cs, flags) = if user_mode {
+    let (stack, flags) = if user_mode {
         // The guest's own sp0 if it keeps one in lguest_data (read once),
         // else the SET_STACK value.
         let sp0 = ld.kernel_sp0(cx.mem)?;
@@ -162,23 +163,20 @@ fn enter_kernel(
             return kill!("vector {vector} in user mode, but no kernel stack (SET_STACK)");
         }
         // User mode always runs with virtual interrupts on.
-        (
-            stack,
-            uapi::LGUEST_USER_CS,
-            regs.rflags | uapi::X86_EFLAGS_IF,
-        )
+        (stack, regs.rflags | uapi::X86_EFLAGS_IF)
     } else {
         let irq_enabled = ld.irq_enabled(cx.mem)?;
         let flags = (regs.rflags & !uapi::X86_EFLAGS_IF) | (irq_enabled & uapi::X86_EFLAGS_IF);
-        (regs.rsp, uapi::LGUEST_GUEST_CS, flags)
+        (regs.rsp, flags)
     };
+    let (cs, ss) = cx.vcpu.frame_selectors(user_mode);
     let mut frame = [0u64; 6];
     let mut n = 0;
     if let Some(error) = error {
         frame[n] = error;
         n += 1;
     }
-    for v in [regs.rip, cs, flags, regs.rsp, uapi::LGUEST_GUEST_SS] {
+    for v in [regs.rip, cs, flags, regs.rsp, ss] {
         frame[n] = v;
         n += 1;
     }

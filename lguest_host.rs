@@ -65,6 +65,10 @@ module! {
             default: 0,
             description: "For tests only: refuse to load as on a host that has (1) FRED, (2) encrypted memory, (4) TDX, (8) Xen PV",
         },
+        entry_window_delay_us: u32 {
+            default: 0,
+            description: "For tests only: busy-wait this many microseconds (at most 10000) between the run loop's look for interrupts and the entry, so an interrupt lands in that window",
+        },
     },
 }
 

@@ -67,6 +67,9 @@ pub(crate) struct Vcpu {
     run: Arc<HostPage>,
     /// The guest's `lguest_data`, once registered.
     pub(crate) lguest_data: Option<LguestData>,
+    /// Frames carry Linux's selectors and are left with `LHCALL_IRET`
+    /// (`LGUEST_INIT_LINUX_FRAMES`).
+    pub(crate) linux_frames: bool,
     /// Next async ring entry to look at.
     pub(crate) next_hcall: usize,
     /// The guest is in user mode: it runs on the user shadow table, and
@@ -90,6 +93,17 @@ pub(crate) struct Vcpu {
 }
 
 impl Vcpu {
+    /// The CS and SS of a frame for an event in user mode (`user`) or
+    /// kernel mode, as the guest chose at `LHCALL_LGUEST_INIT`.
+    pub(crate) fn frame_selectors(&self, user: bool) -> (u64, u64) {
+        match (self.linux_frames, user) {
+            (true, false) => (uapi::LGUEST_KERNEL_CS, uapi::LGUEST_KERNEL_SS),
+            (true, true) => (uapi::LGUEST_GUEST_CS, uapi::LGUEST_GUEST_SS),
+            (false, false) => (uapi::LGUEST_GUEST_CS, uapi::LGUEST_GUEST_SS),
+            (false, true) => (uapi::LGUEST_USER_CS, uapi::LGUEST_GUEST_SS),
+        }
+    }
+
     /// A vCPU about to run at `entry`, with interrupt state `irq`, the run
     /// page `run` and XCR0 `xcr0` (the host's FPU mask).
     pub(crate) fn new(
@@ -111,6 +125,7 @@ impl Vcpu {
             irq_pending_set: false,
             run,
             lguest_data: None,
+            linux_frames: false,
             next_hcall: 0,
             user_mode: false,
             kernel_stack: 0,

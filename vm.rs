@@ -262,6 +262,11 @@ impl Vm {
                 record_kill(dead, k);
                 continue;
             }
+            // The tests widen this window (`entry_window_delay_us`).
+            let delay = crate::module_parameters::entry_window_delay_us.value();
+            if delay != 0 {
+                helpers::udelay(core::cmp::min(delay, 10_000));
+            }
 
             let vcpu = &mut *cx.vcpu;
             let shadow = cx.shadows.table(vcpu.user_mode);

@@ -337,8 +337,23 @@ pub const LGUEST_LOAD_MIN: u64 = 0x10_0000;
 
 /// Hypercall: run the queued hypercalls in the async ring.
 pub const LHCALL_FLUSH_ASYNC: u64 = 0;
-/// Hypercall: register `struct lguest_data` (argument: its guest address).
+/// Hypercall: register `struct lguest_data` (argument 1: its guest
+/// address; argument 2: `LGUEST_INIT_*` flags, 0 for none).
 pub const LHCALL_LGUEST_INIT: u64 = 1;
+/// [`LHCALL_LGUEST_INIT`] flag: the frames the host builds carry the
+/// selectors a Linux kernel expects, [`LGUEST_KERNEL_CS`] and
+/// [`LGUEST_KERNEL_SS`] for events in guest kernel mode, [`LGUEST_GUEST_CS`]
+/// and [`LGUEST_GUEST_SS`] for events in guest user mode (so `cs & 3` tells
+/// them apart, as `user_mode(regs)` does), and every frame is left with
+/// [`LHCALL_IRET`], never with `iretq`. Without it, kernel-mode frames
+/// carry [`LGUEST_GUEST_CS`] and user-mode ones [`LGUEST_USER_CS`].
+pub const LGUEST_INIT_LINUX_FRAMES: u64 = 1;
+/// The CS of a frame from guest kernel mode under
+/// [`LGUEST_INIT_LINUX_FRAMES`] (Linux's `__KERNEL_CS`). A marker in the
+/// frame only: the guest kernel really runs with [`LGUEST_GUEST_CS`].
+pub const LGUEST_KERNEL_CS: u64 = 0x10;
+/// The SS of such a frame (Linux's `__KERNEL_DS`).
+pub const LGUEST_KERNEL_SS: u64 = 0x18;
 /// Hypercall: power off, restart or crash. Argument 1: guest-physical
 /// address of a NUL-terminated message (at most 255 bytes are read);
 /// argument 2: `LGUEST_SHUTDOWN_*`.
@@ -413,6 +428,21 @@ pub const LHCALL_SET_SYSCALL: u64 = 21;
 /// ring 3 cannot run). The FS base is the same in both modes, as on
 /// hardware.
 pub const LHCALL_SET_SEGMENT_BASE: u64 = 22;
+/// Hypercall: the guest's `iretq`, to guest kernel or guest user mode.
+/// Takes no register arguments: the guest restores every register except
+/// RAX, pushes that below a standard interrupt frame (so RSP points at
+/// [`LguestIret`]: RAX, RIP, CS, RFLAGS, RSP, SS) and makes the call. CS
+/// and SS say where to return, as the host's frames say where an event
+/// came from: [`LGUEST_KERNEL_CS`]/[`LGUEST_KERNEL_SS`] (with
+/// [`LGUEST_INIT_LINUX_FRAMES`]; [`LGUEST_GUEST_CS`]/[`LGUEST_GUEST_SS`]
+/// without) return to kernel mode, with virtual interrupts as the frame's
+/// RFLAGS.IF says, atomically (a pending interrupt is delivered before the
+/// next instruction if IF is set); [`LGUEST_GUEST_CS`]/[`LGUEST_GUEST_SS`]
+/// (with the flag; [`LGUEST_USER_CS`]/[`LGUEST_GUEST_SS`] without) return
+/// to user mode as [`LHCALL_IRET_USER`] does, with its requirements. Any
+/// other pair, or a RIP or RSP the guest may not run at, kills the guest.
+/// Not allowed in the async ring.
+pub const LHCALL_IRET: u64 = 23;
 /// [`LHCALL_SET_SEGMENT_BASE`]: the FS base (both modes).
 pub const LGUEST_BASE_FS: u64 = 0;
 /// [`LHCALL_SET_SEGMENT_BASE`]: the GS base of guest kernel mode (the one
@@ -435,6 +465,25 @@ pub struct LguestIretUser {
     pub rflags: u64,
     /// User RSP (a lower-half address).
     pub rsp: u64,
+}
+
+/// The frame of [`LHCALL_IRET`], at the guest's RSP: RAX, then a standard
+/// `iretq` frame.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LguestIret {
+    /// RAX to return with (the call itself needs RAX).
+    pub rax: u64,
+    /// Where to return (below [`GUEST_VA_END`]).
+    pub rip: u64,
+    /// Kernel or user, by the selectors of [`LHCALL_IRET`].
+    pub cs: u64,
+    /// RFLAGS (clamped as for `LGUEST_SET_REGS`; IF is the virtual IF).
+    pub rflags: u64,
+    /// RSP (at most [`GUEST_VA_END`]).
+    pub rsp: u64,
+    /// The SS matching `cs`.
+    pub ss: u64,
 }
 
 /// The CS value in an interrupt or exception frame that the host pushes
@@ -536,6 +585,7 @@ const _: () = {
     assert!(size_of::<LguestIrqfd>() == 16);
     assert!(size_of::<LguestIoeventfd>() == 16);
     assert!(size_of::<LguestIretUser>() == 32);
+    assert!(size_of::<LguestIret>() == 48);
     assert!(size_of::<LguestRegs>() == 18 * 8);
     assert!(size_of::<LguestVcpuRegs>() == 8 + 18 * 8);
     assert!(offset_of!(LguestRun, exit_reason) == 4);

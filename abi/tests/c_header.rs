@@ -52,6 +52,9 @@ fn rust_side() -> BTreeMap<&'static str, u64> {
         ("LGUEST_GUEST_CS", abi::LGUEST_GUEST_CS),
         ("LGUEST_GUEST_SS", abi::LGUEST_GUEST_SS),
         ("LGUEST_USER_CS", abi::LGUEST_USER_CS),
+        ("LGUEST_KERNEL_CS", abi::LGUEST_KERNEL_CS),
+        ("LGUEST_KERNEL_SS", abi::LGUEST_KERNEL_SS),
+        ("LGUEST_INIT_LINUX_FRAMES", abi::LGUEST_INIT_LINUX_FRAMES),
         ("LGUEST_SYSCALL_VECTOR", abi::LGUEST_SYSCALL_VECTOR as u64),
         ("LHCALL_RING_SIZE", abi::LHCALL_RING_SIZE as u64),
         ("LHCALL_STATUS_DONE", abi::LHCALL_STATUS_DONE as u64),
@@ -75,6 +78,7 @@ fn rust_side() -> BTreeMap<&'static str, u64> {
         ("LHCALL_LOAD_GDT_ENTRY", abi::LHCALL_LOAD_GDT_ENTRY),
         ("LHCALL_SEND_INTERRUPTS", abi::LHCALL_SEND_INTERRUPTS),
         ("LHCALL_IRET_USER", abi::LHCALL_IRET_USER),
+        ("LHCALL_IRET", abi::LHCALL_IRET),
         ("LHCALL_SET_SYSCALL", abi::LHCALL_SET_SYSCALL),
         ("LHCALL_SET_SEGMENT_BASE", abi::LHCALL_SET_SEGMENT_BASE),
         ("LGUEST_BASE_FS", abi::LGUEST_BASE_FS),
@@ -164,6 +168,11 @@ fn rust_layout() -> BTreeMap<String, u64> {
         abi::LguestIretUser,
         [rax, rip, rflags, rsp]
     ));
+    all.extend(layout!(
+        "lguest_iret",
+        abi::LguestIret,
+        [rax, rip, cs, rflags, rsp, ss]
+    ));
     all.extend(layout!("hcall_args", abi::HcallArgs, [arg0, arg4]));
     all.extend(layout!(
         "lguest_data",
@@ -222,6 +231,7 @@ const STRUCTS: &[(&str, &[&str])] = &[
     ("lguest_irqfd", &["fd", "irq", "flags", "pad"]),
     ("lguest_ioeventfd", &["addr", "fd", "flags"]),
     ("lguest_iret_user", &["rax", "rip", "rflags", "rsp"]),
+    ("lguest_iret", &["rax", "rip", "cs", "rflags", "rsp", "ss"]),
     ("hcall_args", &["arg0", "arg4"]),
     (
         "lguest_data",

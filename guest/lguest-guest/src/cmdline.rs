@@ -12,7 +12,9 @@
 //! [`Args::iter`] (they stay in [`Args::as_str`]):
 //!
 //! - `noirqcheck`: re-enabling interrupts does not check `irq_pending`
-//!   (see [`crate::paravirt::set_irq_check`]).
+//!   (see [`crate::paravirt::set_irq_check`]);
+//! - `linuxframes`: the host builds frames with Linux's selectors, left
+//!   with `LHCALL_IRET` (see [`crate::interrupts::linux_frames`]).
 
 use core::str::SplitAsciiWhitespace;
 
@@ -22,7 +24,7 @@ use crate::cell::GuestCell;
 use crate::paravirt;
 
 /// Words consumed by the library (see the module documentation).
-const LIBRARY_WORDS: &[&str] = &["noirqcheck"];
+const LIBRARY_WORDS: &[&str] = &["noirqcheck", "linuxframes"];
 
 /// The copy of the command line.
 static CMDLINE: GuestCell<[u8; LGUEST_CMDLINE_MAX]> = GuestCell::new([0; LGUEST_CMDLINE_MAX]);
@@ -139,6 +141,9 @@ pub(crate) fn init(pa: u64, mem_size: u64) -> Args {
     let args = Args { line };
     if line.split_ascii_whitespace().any(|w| w == "noirqcheck") {
         paravirt::set_irq_check(false);
+    }
+    if line.split_ascii_whitespace().any(|w| w == "linuxframes") {
+        crate::interrupts::set_linux_frames(true);
     }
     args
 }

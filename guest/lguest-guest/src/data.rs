@@ -18,7 +18,7 @@ use core::ptr::{addr_of, addr_of_mut};
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use lguest_abi::{
-    HcallArgs, LguestData, LguestTime, LGUEST_IRQS, LHCALL_LGUEST_INIT, LHCALL_RING_SIZE, LHCALL_STATUS_DONE,
+    HcallArgs, LguestData, LguestTime, LGUEST_INIT_LINUX_FRAMES, LGUEST_IRQS, LHCALL_LGUEST_INIT, LHCALL_RING_SIZE, LHCALL_STATUS_DONE,
 };
 
 use crate::cell::GuestCell;
@@ -70,6 +70,7 @@ fn data() -> *mut LguestData {
 /// path) is written first, so the host has it from the start, long before
 /// the guest can enable interrupts.
 pub(crate) fn init() {
+    let flags = if crate::interrupts::linux_frames() { LGUEST_INIT_LINUX_FRAMES } else { 0 };
     // SAFETY: as in `irq_enabled`; the host only reads this field.
     unsafe { addr_of_mut!((*data()).noirq_iret).write_volatile(crate::interrupts::noirq_iret()) }
     // SAFETY: the argument is the guest-physical address of a page-aligned
@@ -77,7 +78,7 @@ pub(crate) fn init() {
     // long as the guest runs; the host may write it at any time the guest is
     // not running, and every guest access is volatile.
     unsafe {
-        hcall(LHCALL_LGUEST_INIT, virt_to_phys(data()), 0, 0, 0);
+        hcall(LHCALL_LGUEST_INIT, virt_to_phys(data()), flags, 0, 0);
     }
 }
 

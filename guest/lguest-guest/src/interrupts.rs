@@ -123,7 +123,8 @@ use core::mem::offset_of;
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use lguest_abi::{
-    LguestData, LguestIretUser, LGUEST_IRQS, LGUEST_USER_CS, LHCALL_IRET_USER, LHCALL_LOAD_IDT_ENTRY, X86_EFLAGS_IF,
+    LguestData, LguestIretUser, LGUEST_GUEST_CS, LGUEST_GUEST_SS, LGUEST_IRQS, LGUEST_KERNEL_CS, LGUEST_KERNEL_SS,
+    LGUEST_USER_CS, LHCALL_IRET, LHCALL_IRET_USER, LHCALL_LOAD_IDT_ENTRY, X86_EFLAGS_IF,
 };
 
 use crate::data;
@@ -235,13 +236,16 @@ pub struct TrapFrame {
     pub error: u64,
     /// Where the interrupted code resumes.
     pub rip: u64,
-    /// Its code segment ([`lguest_abi::LGUEST_GUEST_CS`]).
+    /// Its code segment: [`lguest_abi::LGUEST_GUEST_CS`] from kernel mode
+    /// and [`LGUEST_USER_CS`] from user mode, or with Linux frames
+    /// ([`linux_frames`]) [`LGUEST_KERNEL_CS`] and `LGUEST_GUEST_CS`.
     pub cs: u64,
     /// Its flags; bit 9 is the virtual IF it had.
     pub rflags: u64,
     /// Its stack pointer.
     pub rsp: u64,
-    /// Its stack segment ([`lguest_abi::LGUEST_GUEST_SS`]).
+    /// Its stack segment ([`lguest_abi::LGUEST_GUEST_SS`], or with Linux
+    /// frames [`LGUEST_KERNEL_SS`] from kernel mode).
     pub ss: u64,
 }
 
@@ -254,11 +258,26 @@ impl TrapFrame {
 
     /// Whether the interrupted code ran in guest user mode (the host put
     /// [`LGUEST_USER_CS`] in the frame, on the kernel stack of
-    /// `LHCALL_SET_STACK`). Such a frame is returned through with
-    /// `LHCALL_IRET_USER` (see [`crate::user`]), which the return path does
-    /// by itself.
+    /// `LHCALL_SET_STACK`; with Linux frames, a CS with RPL 3, as Linux's
+    /// `user_mode(regs)` asks). Such a frame is returned through with
+    /// `LHCALL_IRET_USER` or `LHCALL_IRET` (see [`crate::user`]), which the
+    /// return path does by itself.
     pub fn from_user(&self) -> bool {
-        self.cs == LGUEST_USER_CS
+        if linux_frames() {
+            self.cs & 3 != 0
+        } else {
+            self.cs == LGUEST_USER_CS
+        }
+    }
+
+    /// The CS and SS the host must have put in the frame, for user mode
+    /// (`user`) or kernel mode.
+    fn expected_selectors(user: bool) -> (u64, u64) {
+        match (linux_frames(), user) {
+            (true, false) => (LGUEST_KERNEL_CS, LGUEST_KERNEL_SS),
+            (true, true) | (false, false) => (LGUEST_GUEST_CS, LGUEST_GUEST_SS),
+            (false, true) => (LGUEST_USER_CS, LGUEST_GUEST_SS),
+        }
     }
 
     /// Whether the interrupted code had (virtual) interrupts on.
@@ -341,6 +360,8 @@ global_asm!(
     "    andq $-16, %rsp",
     "    call {dispatch}",
     "    movq %rbx, %rsp",
+    "    cmpb $0, {linux_frames}(%rip)",
+    "    jne lguest_iret_return",
     "    cmpq ${user_cs}, {off_cs}(%rsp)",
     "    je lguest_user_return",
     "    movq {off_rflags}(%rsp), %rax",
@@ -399,6 +420,31 @@ global_asm!(
     "    int $0x1f",
     "    ud2",
     ".size lguest_user_return, . - lguest_user_return",
+    "",
+    ".balign 16",
+    ".type lguest_iret_return, @function",
+    "lguest_iret_return:",
+    "    movq {off_rax}(%rsp), %rax",
+    "    movq %rax, {off_error}(%rsp)",
+    "    popq %r15",
+    "    popq %r14",
+    "    popq %r13",
+    "    popq %r12",
+    "    popq %r11",
+    "    popq %r10",
+    "    popq %r9",
+    "    popq %r8",
+    "    popq %rbp",
+    "    popq %rdi",
+    "    popq %rsi",
+    "    popq %rdx",
+    "    popq %rcx",
+    "    popq %rbx",
+    "    addq $16, %rsp",
+    "    movl ${iret}, %eax",
+    "    int $0x1f",
+    "    ud2",
+    ".size lguest_iret_return, . - lguest_iret_return",
     ".popsection",
     nr_vectors = const NR_VECTORS,
     stub_size = const STUB_SIZE,
@@ -411,12 +457,31 @@ global_asm!(
     off_rax = const offset_of!(TrapFrame, rax),
     user_cs = const LGUEST_USER_CS,
     iret_user = const LHCALL_IRET_USER,
+    iret = const LHCALL_IRET,
+    linux_frames = sym LINUX_FRAMES,
     if_mask = const X86_EFLAGS_IF,
     off_irq_enabled = const offset_of!(LguestData, irq_enabled),
     dispatch = sym dispatch,
     lguest_data = sym data::LGUEST_DATA,
     options(att_syntax),
 );
+
+/// Frames with Linux's selectors, left with `LHCALL_IRET` (the library
+/// word `linuxframes`, given to the host at `LHCALL_LGUEST_INIT`). Read by
+/// the return path above.
+static LINUX_FRAMES: AtomicBool = AtomicBool::new(false);
+
+/// Asks for Linux frames (`LGUEST_INIT_LINUX_FRAMES`); before
+/// `LHCALL_LGUEST_INIT` only, which [`crate::data`] makes with it.
+pub(crate) fn set_linux_frames(on: bool) {
+    LINUX_FRAMES.store(on, Ordering::Relaxed);
+}
+
+/// Whether the host builds Linux frames for this guest (see
+/// [`lguest_abi::LGUEST_INIT_LINUX_FRAMES`]).
+pub fn linux_frames() -> bool {
+    LINUX_FRAMES.load(Ordering::Relaxed)
+}
 
 extern "C" {
     /// The stub of vector 0; vector `v`'s is [`STUB_SIZE`] * `v` further.
@@ -565,6 +630,17 @@ extern "C" fn dispatch(vector: u64, error: u64, frame: *mut TrapFrame) {
     // SAFETY: `frame` is the TrapFrame the stub just pushed on this stack,
     // properly aligned, live until we return, and nothing else refers to it.
     let frame = unsafe { &mut *frame };
+    // A frame the host built must say where the event came from as the
+    // ABI says: an interrupted user or kernel context, nothing else.
+    let user = frame.from_user();
+    if (frame.cs, frame.ss) != TrapFrame::expected_selectors(user) {
+        crash_fmt(format_args!(
+            "lguest-guest: vector {vector}: frame cs {:#x} ss {:#x}, not the {} selectors of this ABI",
+            frame.cs,
+            frame.ss,
+            if user { "user" } else { "kernel" }
+        ));
+    }
     let raw = usize::try_from(vector).ok().and_then(|v| HANDLERS.get(v)).map_or(0, |h| h.load(Ordering::Acquire));
     if raw == 0 {
         unexpected(vector, error, frame);

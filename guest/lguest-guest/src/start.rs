@@ -55,12 +55,15 @@ global_asm!(
 );
 
 /// The Rust side of boot, called from the guest's `lguest_start` (see
-/// [`entry!`](macro@crate::entry)): registers `lguest_data` with the host (before
-/// anything else), reads the command line, and runs `main`.
+/// [`entry!`](macro@crate::entry)): reads the command line (its library
+/// words say how to register), registers `lguest_data` with the host before
+/// anything else talks to it, and runs `main`.
 pub fn boot<M: Main>(cmdline_pa: u64, mem_size: u64, main: M) -> ! {
+    // The command line first: its library words choose how LGUEST_INIT
+    // is made.
+    let args = cmdline::init(cmdline_pa, mem_size);
     data::init();
     RAM_SIZE.store(mem_size, Ordering::Relaxed);
-    let args = cmdline::init(cmdline_pa, mem_size);
     main.run(args)
 }
 

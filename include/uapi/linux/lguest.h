@@ -107,6 +107,9 @@ struct lguest_ioeventfd {
 #define LGUEST_GUEST_CS		0x33
 #define LGUEST_GUEST_SS		0x2b
 #define LGUEST_USER_CS		0x3b	/* marks frames from guest user mode */
+#define LGUEST_KERNEL_CS	0x10	/* kernel-mode frames, LINUX_FRAMES */
+#define LGUEST_KERNEL_SS	0x18
+#define LGUEST_INIT_LINUX_FRAMES	1	/* LHCALL_LGUEST_INIT flag */
 #define LGUEST_SYSCALL_VECTOR	0x80
 
 #define LHCALL_FLUSH_ASYNC	0
@@ -129,6 +132,7 @@ struct lguest_ioeventfd {
 #define LHCALL_IRET_USER	20
 #define LHCALL_SET_SYSCALL	21	/* entry of user-mode syscall (0: none) */
 #define LHCALL_SET_SEGMENT_BASE	22	/* LGUEST_BASE_*, a canonical base */
+#define LHCALL_IRET		23	/* frame at RSP: struct lguest_iret */
 #define LGUEST_BASE_FS		0
 #define LGUEST_BASE_GS		1	/* guest kernel mode's */
 #define LGUEST_BASE_USER_GS	2	/* guest user mode's */
@@ -139,6 +143,16 @@ struct lguest_iret_user {
 	__u64 rip;
 	__u64 rflags;
 	__u64 rsp;
+};
+
+/* The frame of LHCALL_IRET: RAX, then a standard iretq frame. */
+struct lguest_iret {
+	__u64 rax;
+	__u64 rip;
+	__u64 cs;
+	__u64 rflags;
+	__u64 rsp;
+	__u64 ss;
 };
 
 #define LHCALL_RING_SIZE	64

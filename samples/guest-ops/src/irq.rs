@@ -449,3 +449,55 @@ pub fn latency() -> ! {
     );
     done(a)
 }
+
+/// Rounds of `window`.
+const WINDOW_ROUNDS: u64 = 20;
+/// The timer delay of `window`: far inside the host's widened window.
+const WINDOW_NS: u64 = 100_000;
+/// Loop turns the guest made since it armed the timer.
+static TURNS: AtomicU64 = AtomicU64::new(0);
+/// `TURNS` when the timer handler ran (`u64::MAX`: not yet).
+static TURNS_AT_IRQ: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// The `window` timer callback: records how far the guest got.
+fn record_turns() {
+    let _ = TURNS_AT_IRQ.compare_exchange(u64::MAX, TURNS.load(Ordering::SeqCst), Ordering::SeqCst, Ordering::SeqCst);
+}
+
+/// `window [N]`: with interrupts on, arms the timer for 100 us and counts
+/// loop turns until its handler runs. Run on a host whose run loop waits
+/// (the test knob `entry_window_delay_us`) between its look for interrupts
+/// and the entry, the timer fires in that window, after the arming
+/// hypercall and before the guest runs again: the host must give up that
+/// entry and deliver at once, so the handler sees 0 turns. A host that
+/// entered anyway would deliver at its next exit (a host tick), after many
+/// turns. Reports `window: N of N rounds delivered before the guest ran`.
+pub fn window(arg: Option<&str>) -> ! {
+    let a = "window";
+    let n = arg.map_or(WINDOW_ROUNDS, |_| parse_count(a, arg));
+    clock::set_callback(record_turns);
+    init_clock(a);
+    paravirt::irq_enable();
+    println!("guest-ops: window: {n} rounds, timer {} us, virtual interrupts on", WINDOW_NS / 1000);
+    let mut early = 0;
+    for round in 0..n {
+        TURNS.store(0, Ordering::SeqCst);
+        TURNS_AT_IRQ.store(u64::MAX, Ordering::SeqCst);
+        clock::set_event(WINDOW_NS);
+        let waited = spin_until(WAIT_CYCLES, || {
+            if TURNS_AT_IRQ.load(Ordering::SeqCst) != u64::MAX {
+                return true;
+            }
+            TURNS.fetch_add(1, Ordering::SeqCst);
+            false
+        });
+        if waited.is_none() {
+            crash_fmt(format_args!("guest-ops: window: round {round}: no timer interrupt after {WAIT_CYCLES} TSC cycles"));
+        }
+        let turns = TURNS_AT_IRQ.load(Ordering::SeqCst);
+        println!("guest-ops: window: round {round}: {turns} loop turns before the interrupt");
+        early += u64::from(turns == 0);
+    }
+    println!("guest-ops: window: {early} of {n} rounds delivered before the guest ran");
+    done(a)
+}

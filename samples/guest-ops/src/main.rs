@@ -9,7 +9,8 @@
 //!
 //! Actions (see [`usage`]):
 //!
-//! - `hello`, `args`, `crash`, `badcall`, `spin`, `hcalls N`, `irqtoggle N`;
+//! - `hello`, `args`, `crash`, `badcall`, `badiret`, `spin`, `hcalls N`,
+//!   `irqtoggle N`;
 //! - `data`, `paravirt`, `hcall-halt`, `hcall-halt-blocked`: the shared
 //!   page and the paravirt ops;
 //! - one instruction each, with no handlers installed: `cli`, `sti`, `hlt`,
@@ -19,7 +20,7 @@
 //!   in hex);
 //! - traps delivered to handlers: `trap NAME` (see [`trap`]);
 //! - interrupts and the timer: `irqpending`, `twoirqs [MS]`, `timer N`,
-//!   `sleep MS`, `irqstorm N`, `latency` (see [`irq`]).
+//!   `sleep MS`, `irqstorm N`, `latency`, `window [N]` (see [`irq`]).
 #![no_std]
 #![no_main]
 
@@ -47,6 +48,7 @@ fn main(args: Args) -> ! {
         "args" => print_args(args),
         "crash" => panic!("deliberate crash"),
         "badcall" => badcall(),
+        "badiret" => badiret(),
         "spin" => spin(),
         "hcalls" => hcalls(arg),
         "irqtoggle" => irqtoggle(arg),
@@ -61,6 +63,7 @@ fn main(args: Args) -> ! {
         "sleep" => irq::sleep(arg),
         "irqstorm" => irq::irqstorm(arg),
         "latency" => irq::latency(),
+        "window" => irq::window(arg),
         "readswitcher" => insn::read_at(action, parse_addr(action, arg)),
         "writeswitcher" => insn::write_at(action, parse_addr(action, arg)),
         _ => match insn::find(action) {
@@ -76,12 +79,12 @@ fn main(args: Args) -> ! {
 /// Lists the actions on the console.
 fn usage() {
     println!("guest-ops: usage: guest-ops ACTION [ARG]");
-    println!("guest-ops:   hello | args | crash | badcall | spin | hcalls N | irqtoggle N");
+    println!("guest-ops:   hello | args | crash | badcall | badiret | spin | hcalls N | irqtoggle N");
     println!("guest-ops:   data | paravirt | hcall-halt | hcall-halt-blocked");
     println!("guest-ops:   readswitcher ADDR | writeswitcher ADDR  (ADDR in hex)");
     println!("guest-ops:   {}", insn::Names);
     println!("guest-ops:   trap {}", trap::Names);
-    println!("guest-ops:   irqpending | twoirqs [MS] | timer N | sleep MS | irqstorm N | latency");
+    println!("guest-ops:   irqpending | twoirqs [MS] | timer N | sleep MS | irqstorm N | latency | window [N]");
     println!("guest-ops:   (library word: noirqcheck)");
 }
 
@@ -110,6 +113,36 @@ fn badcall() -> ! {
     let ret = unsafe { hcall(BAD_HCALL, 0, 0, 0, 0) };
     println!("guest-ops: badcall: survived, returned {ret:#x}");
     poweroff_fmt(format_args!("guest-ops: badcall: survived"))
+}
+
+/// `LHCALL_IRET` through a frame whose selectors are neither the kernel's
+/// nor the user's (CS 0x23, SS 0x2b): the host must kill the guest.
+fn badiret() -> ! {
+    println!("guest-ops: badiret: LHCALL_IRET with cs 0x23 ss 0x2b");
+    // SAFETY: the frame is six words on our own stack; the host should
+    // kill the guest, and if it returns to `1:` instead, RSP is back where
+    // it was and only RAX changed.
+    unsafe {
+        core::arch::asm!(
+            "mov {saved}, rsp",
+            "push 0x2b",
+            "push {saved}",
+            "pushfq",
+            "push 0x23",
+            "lea {tmp}, [rip + 2f]",
+            "push {tmp}",
+            "push 0",
+            "mov eax, {iret}",
+            "int 0x1f",
+            "2:",
+            "mov rsp, {saved}",
+            saved = out(reg) _,
+            tmp = out(reg) _,
+            iret = const lguest_guest::abi::LHCALL_IRET,
+            out("rax") _,
+        );
+    }
+    poweroff_fmt(format_args!("guest-ops: badiret: survived"))
 }
 
 fn spin() -> ! {

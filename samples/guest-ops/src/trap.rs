@@ -53,7 +53,7 @@ use core::arch::asm;
 use core::fmt;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use lguest_guest::abi::{LGUEST_GUEST_CS, LGUEST_GUEST_SS, X86_EFLAGS_IF};
+use lguest_guest::abi::{LGUEST_GUEST_CS, LGUEST_GUEST_SS, LGUEST_KERNEL_CS, LGUEST_KERNEL_SS, X86_EFLAGS_IF};
 use lguest_guest::interrupts::{self, TrapFrame, X86_EFLAGS_AC, X86_EFLAGS_TF};
 use lguest_guest::{crash_fmt, data, paravirt, poweroff, println};
 
@@ -445,8 +445,12 @@ fn check(trap: &Trap, flags: u64) -> Result<(), Mismatch> {
         same("cr2", SEEN_CR2.load(Ordering::Relaxed), cr2)?;
     }
     same("the saved rip", SEEN_RIP.load(Ordering::Relaxed), insn + trap.rip_offset)?;
-    same("the saved cs", SEEN_CS.load(Ordering::Relaxed), LGUEST_GUEST_CS)?;
-    same("the saved ss", SEEN_SS.load(Ordering::Relaxed), LGUEST_GUEST_SS)?;
+    // Kernel mode's selectors: the lguest pair, or Linux's with
+    // `linuxframes`.
+    let (cs, ss) =
+        if interrupts::linux_frames() { (LGUEST_KERNEL_CS, LGUEST_KERNEL_SS) } else { (LGUEST_GUEST_CS, LGUEST_GUEST_SS) };
+    same("the saved cs", SEEN_CS.load(Ordering::Relaxed), cs)?;
+    same("the saved ss", SEEN_SS.load(Ordering::Relaxed), ss)?;
     same("the saved rsp", SEEN_RSP.load(Ordering::Relaxed), rsp)?;
     // new RSP = (old & !0xF) - 40 (- 48 with an error code, which sits
     // below RIP): RIP is always at (old & !0xF) - 40.

@@ -449,6 +449,47 @@ fn irq_pending_delivered_at_enable() -> TestResult {
     Ok(())
 }
 
+/// An interrupt raised after the run loop looked for interrupts and before
+/// the entry aborts that entry and is delivered at once (review C1): with
+/// the window widened to 2 ms by the module's test knob
+/// `entry_window_delay_us`, a timer armed for 100 us always fires in it, and
+/// the guest's handler must find that the guest ran no instruction since
+/// the arming hypercall (0 loop turns) in every round. Entering anyway would
+/// leave the interrupt for the next exit, a host tick later.
+fn irq_in_entry_window() -> TestResult {
+    let Some(path) = t::module_path() else {
+        skip!("lguest.ko not found (set LGUEST_KO)");
+    };
+    let reload = |params: &str| -> TestResult {
+        if t::module_loaded("lguest") {
+            if let Err(e) = t::unload_module("lguest") {
+                fail!("unload: {}", t::errname(e));
+            }
+        }
+        if let Err(e) = t::load_module_with(&path, params) {
+            fail!("loading {path} with {params:?}: {}", t::errname(e));
+        }
+        check!(
+            t::wait_for(Duration::from_secs(5), || std::path::Path::new(t::DEV).exists()),
+            "{} did not reappear",
+            t::DEV
+        );
+        Ok(())
+    };
+    reload("entry_window_delay_us=2000")?;
+    let o = run("guest-ops", &["window", "20"]);
+    // The usual module again, whatever happened.
+    reload("")?;
+    let o = o?;
+    check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
+    check!(
+        o.stdout.contains("guest-ops: window: 20 of 20 rounds delivered before the guest ran"),
+        "an interrupt raised in the entry window waited for a later exit: {}",
+        describe(&o)
+    );
+    Ok(())
+}
+
 /// Two pending interrupts (the timer and IRQ 1 raised by the launcher from
 /// another thread) are both delivered; irq_pending clears after the last.
 fn two_pending_interrupts() -> TestResult {
@@ -819,19 +860,23 @@ fn bad_image() -> TestResult {
 /// reports it) instead of the host, and a read of a kernel page that the
 /// kernel's #PF handler must see as a user-mode protection fault (0x5).
 fn user_mode() -> TestResult {
-    let o = run("user", &[])?;
-    check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
-    check!(o.stdout.contains("hello from user mode\n"), "no output from user mode: {}", describe(&o));
+    check_user_run(&run("user", &[])?)
+}
+
+/// What `samples/user` must report, with either kind of frames.
+fn check_user_run(o: &Outcome) -> TestResult {
+    check_eq!(o.code, 0, format!("exit status ({})", describe(o)));
+    check!(o.stdout.contains("hello from user mode\n"), "no output from user mode: {}", describe(o));
     check!(
         o.stdout.contains("user: done: 1001 syscalls (1 write, 1000 getcounter), hypercall -> #GP error 0xfa, killed by #PF error 0x5"),
         "no summary: {}",
-        describe(&o)
+        describe(o)
     );
     check!(
         o.stdout.contains("user: 100000 syscall instructions: RCX, R11, RAX and 10 other registers right after each")
             && o.stdout.contains("user: syscall with no entry registered: #UD at the instruction"),
         "no syscall report: {}",
-        describe(&o)
+        describe(o)
     );
     // The segment-base program needs rdgsbase in guest user mode.
     let fsgsbase = std::fs::read_to_string("/proc/cpuinfo").map(|s| s.contains(" fsgsbase")).unwrap_or(false);
@@ -839,16 +884,45 @@ fn user_mode() -> TestResult {
         check!(
             o.stdout.contains("user: GS bases: user 0x70002000 -> 0x70004000"),
             "no GS base report: {}",
-            describe(&o)
+            describe(o)
         );
         check!(
             o.stdout
                 .contains("user: kernel_sp0: the entry's frame on the stack it names, and back on SET_STACK's at 0"),
             "no kernel_sp0 report: {}",
-            describe(&o)
+            describe(o)
         );
     } else {
         println!("# no FSGSBASE on this host: the GS base swap is not checked");
+    }
+    Ok(())
+}
+
+/// Frames with Linux's selectors (`LGUEST_INIT_LINUX_FRAMES`, the guest
+/// library's word `linuxframes`): kernel-mode events carry CS 0x10 and SS
+/// 0x18, user-mode ones CS 0x33 and SS 0x2b (the library crashes on any
+/// other pair), and every return is an `LHCALL_IRET`. The user-mode
+/// programs, the trap round and the interrupt storm pass as with the
+/// default frames; an `LHCALL_IRET` with any other selectors kills.
+fn linux_frames() -> TestResult {
+    let o = run("user", &["linuxframes"])?;
+    check_user_run(&o)?;
+    let o = run("guest-ops", &["irqstorm", "5000", "linuxframes"])?;
+    check_eq!(o.code, 0, format!("irqstorm, exit status ({})", describe(&o)));
+    check!(o.stdout.contains("registers and stack intact"), "irqstorm: {}", describe(&o));
+    for trap in ["bp", "db", "ud", "pf"] {
+        let o = run("guest-ops", &["trap", trap, "linuxframes"])?;
+        check_eq!(o.code, 0, format!("trap {trap}, exit status ({})", describe(&o)));
+        check!(o.stdout.contains("guest-ops: trap: resumed after the handler"), "trap {trap}: {}", describe(&o));
+    }
+    for frames in [&["badiret"][..], &["badiret", "linuxframes"][..]] {
+        let o = run("guest-ops", frames)?;
+        check_eq!(o.code, EXIT_KILLED, format!("{frames:?}: exit status ({})", describe(&o)));
+        check!(
+            o.stderr.contains("guest killed by the host: IRET: bad selectors cs 0x23 ss 0x2b"),
+            "{frames:?}: no kill reason: {}",
+            describe(&o)
+        );
     }
     Ok(())
 }
@@ -896,12 +970,14 @@ fn main() -> ExitCode {
         ("fpu_state_kept", fpu_state_kept),
         ("irq_pending_delivered_at_enable", irq_pending_delivered_at_enable),
         ("two_pending_interrupts", two_pending_interrupts),
+        ("irq_in_entry_window", irq_in_entry_window),
         ("irq_storm", irq_storm),
         ("timer_events", timer_events),
         ("sleeping_guest_idle", sleeping_guest_idle),
         ("stop_and_continue", stop_and_continue),
         ("bad_image", bad_image),
         ("user_mode", user_mode),
+        ("linux_frames", linux_frames),
         ("page_access_permutations", page_access_permutations),
         ("mm_stress", mm_stress),
         ("cgroup_freeze_halted", cgroup_freeze_halted),
