@@ -177,6 +177,31 @@ impl UserRegs {
     }
 }
 
+impl UserRegs {
+    /// Puts these registers into a frame from user mode, so that the
+    /// return from the handler resumes them (a context switch).
+    pub fn to_frame(&self, f: &mut TrapFrame) {
+        f.rax = self.rax;
+        f.rbx = self.rbx;
+        f.rcx = self.rcx;
+        f.rdx = self.rdx;
+        f.rsi = self.rsi;
+        f.rdi = self.rdi;
+        f.rbp = self.rbp;
+        f.r8 = self.r8;
+        f.r9 = self.r9;
+        f.r10 = self.r10;
+        f.r11 = self.r11;
+        f.r12 = self.r12;
+        f.r13 = self.r13;
+        f.r14 = self.r14;
+        f.r15 = self.r15;
+        f.rip = self.rip;
+        f.rflags = self.rflags;
+        f.rsp = self.rsp;
+    }
+}
+
 /// How a user program ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exit {

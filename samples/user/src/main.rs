@@ -25,7 +25,12 @@
 //!    and returns with `LHCALL_IRET_USER`; it exits with the number of
 //!    registers that changed (0).
 //!
-//! 6. seven one-instruction programs (`hlt`, `cli`, a non-canonical read,
+//! 6. two threads, each with its own FS base, read their own TLS value
+//!    with `%fs:0` while the kernel switches between them at its timer
+//!    interrupts (registers through the frame, FS with
+//!    `LHCALL_SET_SEGMENT_BASE`);
+//!
+//! 7. seven one-instruction programs (`hlt`, `cli`, a non-canonical read,
 //!    `int3`, `ud2`, a division by zero, a jump to kernel code) must each
 //!    be killed with the vector, error code and RIP of x86 hardware.
 //!
@@ -38,12 +43,13 @@
 
 use core::arch::global_asm;
 use core::ptr::addr_of;
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use lguest_guest::abi::{LGUEST_SHUTDOWN_POWEROFF, LHCALL_SHUTDOWN};
 use lguest_guest::paging::{self, pte, AddressSpace, PageSize, PAGE_SIZE, USER_START};
 use lguest_guest::user::{self, Exit, UserRegs, HCALL_GP_ERROR, SYS_COUNTER, SYS_EXIT, SYS_WRITE};
-use lguest_guest::{clock, crash_fmt, entry, frames, poweroff_fmt, println, Args, TrapFrame};
+use lguest_guest::cell::GuestCell;
+use lguest_guest::{clock, crash_fmt, entry, frames, interrupts, poweroff_fmt, println, Args, TrapFrame};
 
 entry!(main);
 
@@ -364,6 +370,26 @@ global_asm!(
     ".globl user_exc_syscall",
     "user_exc_syscall: syscall",
     "    ud2",
+    // A thread of the TLS pair: RDI rounds, R12 the value its FS page must
+    // hold; each round reads %fs:0 and counts mismatches in R14, then
+    // spins. RAX only carries the final call's number.
+    ".balign 16",
+    ".globl user_tls",
+    "user_tls:",
+    "    xor r14d, r14d",
+    "20: mov rbx, fs:[0]",
+    "    cmp rbx, r12",
+    "    je 21f",
+    "    inc r14",
+    "21: mov ecx, {tls_spin}",
+    "22: dec ecx",
+    "    jnz 22b",
+    "    dec rdi",
+    "    jnz 20b",
+    "    mov rdi, r14",
+    "    mov eax, {sys_thread_exit}",
+    "    int 0x80",
+    "    ud2",
     ".balign 4096",
     ".globl user_prog_end",
     "user_prog_end:",
@@ -373,6 +399,8 @@ global_asm!(
     sys_counter = const SYS_COUNTER,
     sys_exit = const SYS_EXIT,
     loops = const COUNTER_CALLS - 1,
+    tls_spin = const TLS_SPIN,
+    sys_thread_exit = const SYS_THREAD_EXIT,
     poweroff = const LGUEST_SHUTDOWN_POWEROFF,
     shutdown = const LHCALL_SHUTDOWN,
 );
@@ -391,6 +419,7 @@ extern "C" {
     static user_bench_syscall: u8;
     static user_bench_int80: u8;
     static user_exc_syscall: u8;
+    static user_tls: u8;
     static user_prog_start: u8;
     static user_prog_end: u8;
 }
@@ -497,6 +526,118 @@ const SPIN_LOOPS: u64 = 20_000_000;
 const TIMER_NS: u64 = 50_000;
 
 /// The clock callback: re-arms the timer.
+/// Two user threads, each with its own FS base (a TLS page holding its own
+/// value at offset 0), switched by this kernel at its timer interrupts
+/// from user mode: the registers through the frame, the FS base with
+/// `LHCALL_SET_SEGMENT_BASE`.
+struct Thread {
+    regs: UserRegs,
+    fs: u64,
+    done: bool,
+    mismatches: u64,
+}
+
+const TLS_A: u64 = USER_START + 0x50_0000;
+const TLS_B: u64 = USER_START + 0x51_0000;
+/// Rounds per thread, and spins per round.
+const TLS_ROUNDS: u64 = 20_000;
+const TLS_SPIN: u64 = 100;
+/// The threads' exit: the other thread runs on, the last one ends `run`.
+const SYS_THREAD_EXIT: u64 = 5;
+static TLS_SYSCALLS: [user::Syscall; 6] =
+    [user::sys_exit, user::sys_write, user::sys_counter, sys_getgs, sys_getsp, sys_thread_exit];
+static THREADS: GuestCell<[Thread; 2]> = GuestCell::new([
+    Thread { regs: UserRegs::new(0, 0), fs: 0, done: false, mismatches: 0 },
+    Thread { regs: UserRegs::new(0, 0), fs: 0, done: false, mismatches: 0 },
+]);
+static CURRENT: AtomicUsize = AtomicUsize::new(0);
+static SWITCHES: AtomicU64 = AtomicU64::new(0);
+
+/// Makes the other thread current, if it is still alive, through `frame`.
+fn switch_thread(frame: &mut TrapFrame) -> bool {
+    let cur = CURRENT.load(Ordering::Relaxed);
+    let other = 1 - cur;
+    // SAFETY: only the timer handler and the thread-exit call (both with
+    // virtual interrupts off, on the one vCPU) and `main` outside `run`
+    // touch THREADS: no overlapping access.
+    let threads = unsafe { &mut *THREADS.get() };
+    if threads[other].done {
+        return false;
+    }
+    threads[cur].regs = UserRegs::from_frame(frame);
+    threads[other].regs.to_frame(frame);
+    user::set_segment_base(user::LGUEST_BASE_FS, threads[other].fs);
+    CURRENT.store(other, Ordering::Relaxed);
+    SWITCHES.fetch_add(1, Ordering::Relaxed);
+    true
+}
+
+/// IRQ 0 during the TLS pair: re-arm, and from user mode switch threads.
+fn tls_tick(frame: &mut TrapFrame) {
+    clock::set_event(TIMER_NS);
+    if frame.from_user() {
+        switch_thread(frame);
+    }
+}
+
+/// `SYS_THREAD_EXIT(mismatches)`.
+fn sys_thread_exit(frame: &mut TrapFrame) -> u64 {
+    let cur = CURRENT.load(Ordering::Relaxed);
+    {
+        // SAFETY: as in `switch_thread`.
+        let threads = unsafe { &mut *THREADS.get() };
+        threads[cur].done = true;
+        threads[cur].mismatches = frame.rdi;
+    }
+    if !switch_thread(frame) {
+        user::exit(frame, Exit::Exited(0));
+    }
+    // The return value lands in the other thread's RAX, which only holds
+    // this call's number if it was interrupted right before its own call.
+    SYS_THREAD_EXIT
+}
+
+/// Runs the TLS pair; returns (switches, mismatches of A, of B).
+fn tls_threads(space: &mut AddressSpace, start: u64) -> (u64, u64, u64) {
+    const VALUES: [u64; 2] = [0xa5a5_0000_0000_000a, 0x5a5a_0000_0000_000b];
+    let entry = USER_CODE + (lguest_guest::virt_to_phys(addr_of!(user_tls)) - start);
+    for (i, &va) in [TLS_A, TLS_B].iter().enumerate() {
+        let frame = frames::alloc().unwrap_or_else(|| fail(format_args!("out of frames")));
+        if let Err(e) = space.map(va, frame, PageSize::Small, pte::US | pte::RW | pte::NX) {
+            fail(format_args!("mapping a TLS page: {e}"));
+        }
+        // SAFETY: `frame` is a free page of guest RAM just given to us,
+        // mapped at its physical address in the kernel's linear map.
+        unsafe { core::ptr::write_volatile(frame as *mut u64, VALUES[i]) };
+        let mut regs = UserRegs::new(entry, USER_STACK_TOP - (i as u64) * 2 * PAGE_SIZE);
+        regs.rdi = TLS_ROUNDS;
+        regs.r12 = VALUES[i];
+        // SAFETY: as in `switch_thread`; no user program runs yet.
+        unsafe { (*THREADS.get())[i] = Thread { regs, fs: va, done: false, mismatches: 0 } };
+    }
+    CURRENT.store(0, Ordering::Relaxed);
+    user::set_segment_base(user::LGUEST_BASE_FS, TLS_A);
+    user::set_syscalls(&TLS_SYSCALLS);
+    if let Err(e) = interrupts::set_irq_handler(0, tls_tick) {
+        fail(format_args!("IRQ 0 handler: {e}"));
+    }
+    clock::set_event(TIMER_NS);
+    // SAFETY: as above.
+    let first = unsafe { (*THREADS.get())[0].regs };
+    let got = user::run(&first);
+    clock::set_event(0);
+    user::set_syscalls(&user::DEFAULT_SYSCALLS);
+    if got != Exit::Exited(0) {
+        fail(format_args!("the TLS threads ended with {got:x?}"));
+    }
+    // SAFETY: as above; `run` has returned.
+    let t = unsafe { &*THREADS.get() };
+    if !t[0].done || !t[1].done {
+        fail(format_args!("a TLS thread did not finish"));
+    }
+    (SWITCHES.load(Ordering::Relaxed), t[0].mismatches, t[1].mismatches)
+}
+
 fn rearm() {
     clock::set_event(TIMER_NS);
 }
@@ -704,6 +845,13 @@ fn main(args: Args) -> ! {
     } else {
         println!("user: no FSGSBASE: the segment-base program needs rdgsbase");
     }
+
+    // FS-based TLS in two user threads switched by this kernel.
+    let (switches, ma, mb) = tls_threads(&mut space, start);
+    if switches < 10 || ma != 0 || mb != 0 {
+        fail(format_args!("TLS threads: {switches} switches (want >= 10), mismatches {ma} and {mb} (want 0)"));
+    }
+    println!("user: TLS: 2 threads, {switches} switches by the kernel, each read its own %fs:0 every round");
 
     // Exceptions in user mode: each kills the program with the vector,
     // error code and RIP hardware would give (RIP at the instruction for

@@ -878,6 +878,11 @@ fn check_user_run(o: &Outcome) -> TestResult {
         "no syscall report: {}",
         describe(o)
     );
+    // Two user threads, each on its own FS base, switched by the guest
+    // kernel at its timer interrupts.
+    let tls = o.stdout.lines().find(|l| l.starts_with("user: TLS: 2 threads, ")).unwrap_or("");
+    check!(tls.ends_with("each read its own %fs:0 every round"), "no TLS report: {}", describe(o));
+    println!("# {tls}");
     // The segment-base program needs rdgsbase in guest user mode.
     let fsgsbase = std::fs::read_to_string("/proc/cpuinfo").map(|s| s.contains(" fsgsbase")).unwrap_or(false);
     if fsgsbase {
