@@ -14,12 +14,16 @@
 #   make fuzz     only the long runs: the guest and ioctl fuzzers
 #   make bench    the benchmarks (instruction counts and ratios)
 #   make setup / kernel / build   the individual steps
+#   make module [KDIR=...]   lguest.ko for your own kernel (default: the
+#                 running one's /lib/modules/$(uname -r)/build), into build/module
+#   make install [KDIR=...]  that, then modules_install to extra/ and depmod
+#   make uninstall [KDIR=...]  remove what install put there
 #   make check    rustfmt (userspace and module) and clippy (userspace)
 
 SHELL := /bin/bash
 S := scripts
 
-.PHONY: all setup kernel build test bochs-test run shell gdb debug-test fuzz bench check clean
+.PHONY: all setup kernel build test bochs-test run shell gdb debug-test fuzz bench check clean module install uninstall
 
 all: build
 
@@ -46,6 +50,15 @@ debug-test:
 
 fuzz:
 	LONG=1 CPUS=max T=$$(awk '$$2 == "long" { printf "%s%s", s, $$1; s = "," }' selftests/tests.list) bash $(S)/test.sh
+
+module:
+	bash $(S)/module.sh build $(KDIR)
+
+install:
+	bash $(S)/module.sh install $(KDIR)
+
+uninstall:
+	bash $(S)/module.sh uninstall $(KDIR)
 
 bench:
 	bash $(S)/bench.sh

@@ -1,7 +1,8 @@
 #!/bin/bash
 # SPDX-License-Identifier: GPL-2.0
 #
-# `make test`: build everything, run the host-side `cargo test`, then boot the
+# `make test`: build everything, run the host-side `cargo test` and the module
+# build tests (scripts/module-test.sh), then boot the
 # QEMU host once per CPU model, run the selftests in it and print the verdict.
 #
 #   T=PROG[:TEST],...   run only these (e.g. T=lguest_dev_test:api_version)
@@ -36,6 +37,25 @@ if [ $crc != 0 ] && [ "$cfail" = 0 ]; then
 fi
 [ "$cfail" = 0 ] || grep -E "FAILED|panicked|error" "$clog" || true
 echo "[test] cargo test: $cpass passed, $cfail failed"
+
+# Building the module for "your own kernel": module.sh, DKMS, install, and
+# the trees that must be refused (scripts/module-test.sh), against this
+# flavour's kernel tree.
+echo "[test] module builds (scripts/module-test.sh)"
+mlog="$OUT/module-test.log"
+set +e
+bash "$REPO/scripts/module-test.sh" "$(bash "$REPO/scripts/kernel.sh")" >"$mlog" 2>&1
+set -e
+mpass=$(sed -n 's/^module-test: \([0-9]\+\) passed, \([0-9]\+\) failed$/\1/p' "$mlog")
+mfail=$(sed -n 's/^module-test: \([0-9]\+\) passed, \([0-9]\+\) failed$/\2/p' "$mlog")
+if [ -z "$mpass" ]; then
+	cat "$mlog"
+	mpass=0 mfail=1
+fi
+grep 'FAIL' "$mlog" || true
+echo "[test] module builds: $mpass passed, $mfail failed"
+cpass=$((cpass + mpass))
+cfail=$((cfail + mfail))
 
 mkdir -p "$CACHE/logs"
 stamp=$(date +%Y%m%d-%H%M%S)
