@@ -13,9 +13,17 @@ export PATH="$HOME/.cargo/bin:$PATH"
 KRUSTC=${KRUSTC:-/usr/bin/rustc}
 KRUST_LIB_SRC=${KRUST_LIB_SRC:-/usr/lib/rustlib/src/rust/library}
 KMAKE=(make LLVM=-19 RUSTC="$KRUSTC" RUST_LIB_SRC="$KRUST_LIB_SRC" BINDGEN=bindgen)
+# The distro flavour is built as Debian builds it: with GCC (and rustc).
+[ "$FLAVOUR" = distro ] && KMAKE=(make RUSTC="$KRUSTC" RUST_LIB_SRC="$KRUST_LIB_SRC" BINDGEN=bindgen)
+# Its base configuration (scripts/setup.sh fetches it).
+DISTRO_CONFIG=${DISTRO_CONFIG:-$CACHE/src/debian-$KSERIES-cloud-amd64.config}
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 kernel_fragments() {
+	if [ "$FLAVOUR" = distro ]; then
+		echo "$REPO/kernel/distro.config"
+		return 0
+	fi
 	echo "$REPO/kernel/host.config"
 	[ "$FLAVOUR" = debug ] && echo "$REPO/kernel/debug.config"
 	return 0
@@ -27,6 +35,7 @@ kernel_key() {
 	local ver
 	ver=$(make -s -C "$KSRC" kernelversion 2>/dev/null)
 	local h
-	h=$( { cat $(kernel_fragments); "$KRUSTC" --version; clang-19 --version | head -1; } | sha256sum | cut -c1-12)
+	h=$( { cat $(kernel_fragments); "$KRUSTC" --version; clang-19 --version | head -1;
+		if [ "$FLAVOUR" = distro ]; then cat "$DISTRO_CONFIG"; gcc --version | head -1; fi; } | sha256sum | cut -c1-12)
 	echo "$ver-$FLAVOUR-$h"
 }

@@ -23,7 +23,14 @@ say "building host kernel in $KOBJ (log: $LOG); the first build takes a while"
 start=$(date +%s)
 {
 	"${KMAKE[@]}" -C "$KSRC" O="$KOBJ" rustavailable
-	"${KMAKE[@]}" -C "$KSRC" O="$KOBJ" allnoconfig
+	if [ "$FLAVOUR" = distro ]; then
+		# Debian's configuration, every module left out (the initramfs
+		# holds none), then kernel/distro.config's listed deviations.
+		[ -f "$DISTRO_CONFIG" ] || { echo "no $DISTRO_CONFIG: run scripts/setup.sh"; exit 1; }
+		sed -E 's/^(CONFIG_[A-Za-z0-9_]+)=m$/# \1 is not set/' "$DISTRO_CONFIG" >"$KOBJ/.config"
+	else
+		"${KMAKE[@]}" -C "$KSRC" O="$KOBJ" allnoconfig
+	fi
 	"$KSRC/scripts/kconfig/merge_config.sh" -m -O "$KOBJ" "$KOBJ/.config" $(kernel_fragments)
 	"${KMAKE[@]}" -C "$KSRC" O="$KOBJ" olddefconfig
 } >"$LOG" 2>&1 || { tail -30 "$LOG" >&2; fail "configuration failed"; }

@@ -65,6 +65,28 @@ EOS
 	[ -f "$SRCDIR/linux-source-$KSERIES/Makefile" ] || fail "kernel source tree incomplete"
 fi
 
+# The distro flavour's base: the .config of Debian's $KSERIES cloud-amd64
+# kernel, from its headers package (the newest $KSERIES.x there: the series
+# is pinned, not the patch release), through the same private apt state.
+DISTRO_CONFIG="$SRCDIR/debian-$KSERIES-cloud-amd64.config"
+if [ ! -f "$DISTRO_CONFIG" ]; then
+	say "fetching the .config of Debian's $KSERIES cloud-amd64 kernel"
+	APT="$CACHE/apt-trixie"
+	APTOPTS=(-o Dir::Etc::SourceList="$APT/sources.list" -o Dir::Etc::SourceParts=/dev/null
+		 -o Dir::State::Lists="$APT/lists" -o Dir::State::Status="$APT/status"
+		 -o Dir::Cache::Archives="$APT/archives" -o Debug::NoLocking=1
+		 -o APT::Sandbox::User=root)
+	[ -f "$APT/sources.list" ] && apt-get "${APTOPTS[@]}" update -qq >/dev/null 2>&1 || true
+	pkg=$(apt-cache "${APTOPTS[@]}" pkgnames "linux-headers-$KSERIES." 2>/dev/null | grep -E -- "-cloud-amd64\$" | sort -V | tail -1)
+	[ -n "$pkg" ] || fail "no linux-headers-$KSERIES.*-cloud-amd64 in trixie-backports"
+	(cd "$APT/archives" && apt-get "${APTOPTS[@]}" download "$pkg") >/dev/null 2>&1 || fail "could not download $pkg"
+	deb=$(ls "$APT/archives/${pkg}"_*.deb | tail -1)
+	rm -rf "$APT/unpack"; dpkg-deb -x "$deb" "$APT/unpack"
+	cp "$APT/unpack/usr/src/$pkg/.config" "$DISTRO_CONFIG" || fail "$pkg has no .config"
+	echo "# from $(basename "$deb")" >>"$DISTRO_CONFIG"
+	rm -rf "$APT/unpack" "$deb"
+fi
+
 # bindgen for the kernel's Rust bindings.
 if ! command -v bindgen >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/bindgen" ]; then
 	say "installing bindgen-cli"

@@ -7,15 +7,25 @@
 #
 #   T=PROG[:TEST],...   run only these (e.g. T=lguest_dev_test:api_version)
 #   CPUS="max,la57=off max"   the CPU models (4-level and 5-level paging)
-#   FLAVOUR=debug       use the debug host kernel (KASAN, lockdep, kmemleak)
+#   FLAVOUR=debug       use the debug host kernel (KASAN, lockdep, kmemleak);
+#   FLAVOUR=distro      Debian's cloud-amd64 configuration (kernel/distro.config),
+#                       booted with pti=on
 #   LONG=1              run the long programs (the fuzzers) whole, not in
 #                       their short form (LGUEST_SMOKE=1)
-#   WATCHDOG=SECONDS    limit for one whole boot (default 1200, debug 3600)
+#   WATCHDOG=SECONDS    limit for one whole boot (default 1200, debug 3600,
+#                       an hour more with LONG=1)
 # Every console log is kept in $CACHE/logs/.
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
 CPUS=${CPUS:-"max,la57=off max"}
 if [ "$FLAVOUR" = debug ]; then WATCHDOG=${WATCHDOG:-3600}; else WATCHDOG=${WATCHDOG:-1200}; fi
+# The long runs (LONG=1, make debug-test and make fuzz) add up to an hour
+# of fuzzing per boot on the debug kernel.
+[ -n "${LONG:-}" ] && WATCHDOG=$((WATCHDOG + 3600))
+# The distro kernel runs with page-table isolation forced on (QEMU's CPU
+# models may not be Meltdown-affected, which would leave PTI off) and KASLR
+# as Debian has it (on).
+[ "$FLAVOUR" = distro ] && KARGS="pti=on${KARGS:+ $KARGS}"
 
 start=$(date +%s)
 OUT=$(bash "$REPO/scripts/build.sh")
