@@ -647,10 +647,18 @@ fn stop_with_stdout_blocked() -> TestResult {
             .map_err(|e| t::NotPassed::Fail(format!("cannot start the launcher: {e}")))?;
         let out = child.stdout.take();
         let fd = out.as_ref().map_or(-1, |o| o.as_raw_fd());
-        // Wait until the pipe is full: the launcher's writes now block.
+        // Wait until the pipe is full: the launcher's writes now block. A
+        // pipe is full for a writer before its last page is: a write of
+        // up to a page needs a page-sized slot of its own (61388 of 65536
+        // bytes was a full pipe in one run), so "full" is a pipe more than
+        // half full whose content has stopped growing for 500 ms.
+        let mut last = (-1, std::time::Instant::now());
         let full = t::wait_for(TIMEOUT, || {
             let (n, size) = pipe_fill(fd);
-            n >= size - 4096
+            if n != last.0 {
+                last = (n, std::time::Instant::now());
+            }
+            n >= size / 2 && last.1.elapsed() >= Duration::from_millis(500)
         });
         if !full {
             let _ = child.kill();
