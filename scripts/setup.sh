@@ -68,8 +68,9 @@ fi
 # The distro flavour's base: the .config of Debian's $KSERIES cloud-amd64
 # kernel, from its headers package (the newest $KSERIES.x there: the series
 # is pinned, not the patch release), through the same private apt state.
+# Only for FLAVOUR=distro: nothing else depends on it.
 DISTRO_CONFIG="$SRCDIR/debian-$KSERIES-cloud-amd64.config"
-if [ ! -f "$DISTRO_CONFIG" ]; then
+if [ "${FLAVOUR:-normal}" = distro ] && [ ! -f "$DISTRO_CONFIG" ]; then
 	say "fetching the .config of Debian's $KSERIES cloud-amd64 kernel"
 	APT="$CACHE/apt-trixie"
 	APTOPTS=(-o Dir::Etc::SourceList="$APT/sources.list" -o Dir::Etc::SourceParts=/dev/null
