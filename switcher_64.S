@@ -160,9 +160,21 @@
 	mov	LG_SELF(\reg), \reg
 .endm
 
+	/*
+	 * Alignment gaps are filled with int3, not NOPs: GNU as (the GCC-built
+	 * kernels', Debian's among them) opens a long NOP fill with a jmp over
+	 * it, and a jmp to the section's end is a jump to nowhere for objtool.
+	 */
 	.pushsection .text.lguest_switcher, "ax"
-	.balign PAGE_SIZE
+	.balign PAGE_SIZE, 0xcc
 SYM_INNER_LABEL(lguest_switcher_start, SYM_L_GLOBAL)
+	/*
+	 * The start is an address the module takes as data (to map the
+	 * switcher and to tell its RIPs), not a call target: where function
+	 * padding precedes lguest_switch_to_guest's ENDBR, IBT's objtool
+	 * check must not want one here.
+	 */
+	ANNOTATE_NOENDBR
 
 /*
  * void lguest_switch_to_guest(struct CpuBlock *block)
@@ -662,7 +674,7 @@ SYM_CODE_START(lguest_idt_stubs)
 SYM_CODE_END(lguest_idt_stubs)
 _ASM_NOKPROBE(lguest_idt_stubs)
 
-	.balign PAGE_SIZE
+	.balign PAGE_SIZE, 0xcc
 SYM_INNER_LABEL(lguest_switcher_end, SYM_L_GLOBAL)
 	.popsection
 
