@@ -11,7 +11,8 @@
 #  - the trees it must refuse, each with its message: no CONFIG_RUST, no
 #    Rust metadata (a copy of what a distribution headers package has),
 #    a rustc that is not the tree's;
-#  - make install and uninstall into a staging INSTALL_MOD_PATH.
+#  - make install and uninstall into a staging INSTALL_MOD_PATH (a kernel
+#    with MODULE_COMPRESS_* installs lguest.ko.xz or .zst).
 #
 #   scripts/module-test.sh KOBJ
 # Prints "module-test: N passed, M failed" and exits non-zero on a failure.
@@ -94,9 +95,9 @@ refuse "no tree" "$TMP/nothing" "no kernel build tree at"
 
 # install and uninstall, staged.
 if MODULE_OUT="$TMP/direct" INSTALL_MOD_PATH="$TMP/root" bash "$REPO/scripts/module.sh" install "$KOBJ" >"$TMP/inst.log" 2>&1 &&
-	grep -q '^extra/lguest.ko:' "$TMP/root/lib/modules/$release/modules.dep"; then
+	grep -Eq '^extra/lguest\.ko(\.xz|\.zst|\.gz)?:' "$TMP/root/lib/modules/$release/modules.dep"; then
 	if INSTALL_MOD_PATH="$TMP/root" bash "$REPO/scripts/module.sh" uninstall "$KOBJ" >>"$TMP/inst.log" 2>&1 &&
-		[ ! -e "$TMP/root/lib/modules/$release/extra/lguest.ko" ] &&
+		! ls "$TMP/root/lib/modules/$release/extra/" 2>/dev/null | grep -q '^lguest\.ko' &&
 		! grep -q 'lguest' "$TMP/root/lib/modules/$release/modules.dep"; then
 		ok "install and uninstall (staged)"
 	else
