@@ -103,6 +103,7 @@ pub(crate) struct RunExit<'a> {
     pub(crate) stat_hypercalls: u64,
     pub(crate) stat_shadow_pages: u64,
     pub(crate) stat_fpu_entries: u64,
+    pub(crate) stat_global_flushes: u64,
     /// Cut to `LGUEST_MESSAGE_LEN - 1` bytes and NUL-terminated.
     pub(crate) message: &'a [u8],
 }
@@ -139,6 +140,7 @@ impl HostPage {
             core::ptr::addr_of_mut!((*r).stat_hypercalls).write_volatile(e.stat_hypercalls);
             core::ptr::addr_of_mut!((*r).stat_shadow_pages).write_volatile(e.stat_shadow_pages);
             core::ptr::addr_of_mut!((*r).stat_fpu_entries).write_volatile(e.stat_fpu_entries);
+            core::ptr::addr_of_mut!((*r).stat_global_flushes).write_volatile(e.stat_global_flushes);
             let msg = core::ptr::addr_of_mut!((*r).message).cast::<u8>();
             for (i, &b) in e.message[..n].iter().enumerate() {
                 msg.add(i).write_volatile(b);

@@ -107,7 +107,13 @@ fn run_async_ring(cx: &mut Ctx<'_>) -> Result<(), Kill> {
 /// launcher, HALT sleeps) are not allowed.
 fn dispatch(cx: &mut Ctx<'_>, a: &HcallArgs, in_ring: bool) -> Result<Option<UserExit>, Kill> {
     let nr = a.arg0;
-    if cx.vcpu.lguest_data.is_none() && nr != uapi::LHCALL_LGUEST_INIT {
+    // NEW_PGTABLE needs nothing of lguest_data: a guest's first
+    // instructions, at their load address, may switch to tables that map
+    // the image where it is linked before the code that registers it runs.
+    if cx.vcpu.lguest_data.is_none()
+        && nr != uapi::LHCALL_LGUEST_INIT
+        && !(nr == uapi::LHCALL_NEW_PGTABLE && !in_ring)
+    {
         return kill!("hypercall {nr} ({}) before LGUEST_INIT", name(nr));
     }
     // Calls that end the turn or change the vCPU's mode and registers.
@@ -151,7 +157,7 @@ fn dispatch(cx: &mut Ctx<'_>, a: &HcallArgs, in_ring: bool) -> Result<Option<Use
             paging::flush(cx).map(|()| None)
         }
         uapi::LHCALL_SET_STACK => {
-            if a.arg1 == 0 || a.arg1 > uapi::GUEST_VA_END {
+            if a.arg1 == 0 || !uapi::guest_sp_ok(a.arg1) {
                 return kill!("SET_STACK: bad kernel stack {:#x}", a.arg1);
             }
             cx.vcpu.kernel_stack = a.arg1;
@@ -160,7 +166,7 @@ fn dispatch(cx: &mut Ctx<'_>, a: &HcallArgs, in_ring: bool) -> Result<Option<Use
         uapi::LHCALL_IRET_USER => iret_user(cx).map(|()| None),
         uapi::LHCALL_IRET => iret(cx).map(|()| None),
         uapi::LHCALL_SET_SYSCALL => {
-            if a.arg1 >= uapi::GUEST_VA_END {
+            if !uapi::guest_va_ok(a.arg1) {
                 return kill!("SET_SYSCALL: entry {:#x} is not a guest address", a.arg1);
             }
             cx.vcpu.syscall_entry = a.arg1;

@@ -58,11 +58,16 @@ mod ffi {
         pub(super) fn lg_eventfd_get(fd: i32, err: *mut i32) -> *mut core::ffi::c_void;
         pub(super) fn lg_eventfd_signal(ctx: *mut core::ffi::c_void);
         pub(super) fn lg_eventfd_put(ctx: *mut core::ffi::c_void);
+        pub(super) fn lg_mm_pgd(mm: *mut core::ffi::c_void) -> *mut u64;
+        pub(super) fn lg_has_invpcid() -> bool;
+        pub(super) fn lg_flush_tlb_all_cpus();
         pub(super) fn lguest_switch_to_guest(block: *mut u8);
         pub(super) fn lguest_deliver_to_host(handler: usize);
         pub(super) static lguest_switcher_start: u8;
         pub(super) static lguest_switcher_end: u8;
         pub(super) static lguest_idt_stubs: u8;
+        pub(super) static lguest_guest_entry: u8;
+        pub(super) static lguest_host_resume: u8;
     }
 }
 
@@ -315,6 +320,34 @@ impl MmRef {
         Ok(())
     }
 
+    /// The address space's top-level page table (its kernel half under
+    /// PTI), for the switcher's slot.
+    pub(crate) fn pgd(&self) -> *mut u64 {
+        // SAFETY: By the type invariant the mm_struct is alive; its pgd
+        // lives as long as it (it is freed by the last mmdrop).
+        unsafe { ffi::lg_mm_pgd(self.0) }
+    }
+
+    /// Entry `i` of the address space's top-level table.
+    pub(crate) fn top_entry(&self, i: usize) -> u64 {
+        // SAFETY: The table is a live page (see `pgd`), `i < 512`.
+        unsafe { self.pgd().add(i & 511).read_volatile() }
+    }
+
+    /// Sets entry `i` of the address space's top-level table. Only for a
+    /// slot no part of the kernel uses (the switcher's: the guard hole).
+    pub(crate) fn set_top_entry(&self, i: usize, v: u64) {
+        // SAFETY: As in `top_entry`; a whole-word store, as the CPU may
+        // walk the table at the same time. The kernel never reads or
+        // writes the guard hole's slots of a process's table.
+        unsafe { self.pgd().add(i & 511).write_volatile(v) }
+    }
+
+    /// The `mm_struct`'s address, as an identity.
+    pub(crate) fn id(&self) -> usize {
+        self.0 as usize
+    }
+
     /// Whether the current task runs in this address space.
     pub(crate) fn is_current(&self) -> bool {
         // SAFETY: Only compares current->mm with our pointer.
@@ -497,6 +530,30 @@ pub(crate) fn switcher_text() -> (usize, usize) {
         core::ptr::addr_of!(ffi::lguest_switcher_start) as usize,
         core::ptr::addr_of!(ffi::lguest_switcher_end) as usize,
     )
+}
+
+/// The module-text addresses of the switcher's `lguest_guest_entry` (the
+/// entry's part that runs in the alias) and `lguest_host_resume` (where
+/// the exit comes back to the module's text).
+pub(crate) fn switcher_entry_points() -> (usize, usize) {
+    (
+        core::ptr::addr_of!(ffi::lguest_guest_entry) as usize,
+        core::ptr::addr_of!(ffi::lguest_host_resume) as usize,
+    )
+}
+
+/// Whether the CPU has INVPCID (and the kernel lets it be used).
+pub(crate) fn has_invpcid() -> bool {
+    // SAFETY: Reads the boot CPU's feature bits.
+    unsafe { ffi::lg_has_invpcid() }
+}
+
+/// Flushes every CPU's TLB and paging-structure caches, for every PCID,
+/// global entries included. Process context, interrupts on.
+pub(crate) fn flush_tlb_all_cpus() {
+    // SAFETY: on_each_cpu from process context; the flush has no other
+    // effect.
+    unsafe { ffi::lg_flush_tlb_all_cpus() }
 }
 
 /// Host address of the IDT stub for vector 0 (stubs are 32 bytes apart).

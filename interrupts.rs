@@ -68,7 +68,7 @@ pub(crate) fn load_idt_entry(
     if matches!(vector, 2 | 8 | 18) || vector == uapi::LGUEST_TRAP_ENTRY as u64 {
         return kill!("LOAD_IDT_ENTRY: vector {vector} belongs to the host");
     }
-    if handler >= uapi::GUEST_VA_END {
+    if !uapi::guest_va_ok(handler) {
         return kill!(
             "LOAD_IDT_ENTRY: handler {handler:#x} for vector {vector} is not a guest address"
         );
@@ -155,7 +155,7 @@ fn enter_kernel(
         // The guest's own sp0 if it keeps one in lguest_data (read once),
         // else the SET_STACK value.
         let sp0 = ld.kernel_sp0(cx.mem)?;
-        if sp0 > uapi::GUEST_VA_END {
+        if !uapi::guest_sp_ok(sp0) {
             return kill!("lguest_data.kernel_sp0 {sp0:#x} is not a guest address");
         }
         let stack = if sp0 != 0 { sp0 } else { cx.vcpu.kernel_stack };

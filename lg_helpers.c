@@ -22,6 +22,7 @@
 #include <asm/msr.h>
 #include <asm/special_insns.h>
 #include <asm/tlbflush.h>
+#include <asm/invpcid.h>
 #include <asm/processor.h>
 #include <asm/cpufeature.h>
 #include <asm/cpuid/api.h>
@@ -429,4 +430,49 @@ void lg_clear_xfd_err(void)
 {
 	if (cpu_feature_enabled(X86_FEATURE_XFD))
 		wrmsrq(MSR_IA32_XFD_ERR, 0);
+}
+
+/*
+ * The switcher's top-level slot (switcher.rs): the address space's own
+ * top-level table (PML4, or PML5 with 5-level paging; under PTI the
+ * kernel half of the pair, the one kernel mode runs on).
+ */
+u64 *lg_mm_pgd(struct mm_struct *mm)
+{
+	return (u64 *)mm->pgd;
+}
+
+bool lg_has_invpcid(void)
+{
+	return boot_cpu_has(X86_FEATURE_INVPCID);
+}
+
+/*
+ * Drops every TLB entry and paging-structure cache entry on this CPU, for
+ * every PCID, global ones included: what the kernel's __flush_tlb_all
+ * does (exported to KVM only), by INVPCID or a CR4.PGE toggle.
+ */
+static void lg_flush_tlb_local(void *unused)
+{
+	unsigned long flags, cr4;
+
+	if (boot_cpu_has(X86_FEATURE_INVPCID)) {
+		invpcid_flush_all();
+		return;
+	}
+	raw_local_irq_save(flags);
+	asm volatile("mov %%cr4, %0" : "=r"(cr4));
+	if (cr4 & X86_CR4_PGE) {
+		asm volatile("mov %0, %%cr4" : : "r"(cr4 ^ X86_CR4_PGE) : "memory");
+		asm volatile("mov %0, %%cr4" : : "r"(cr4) : "memory");
+	} else {
+		asm volatile("mov %%cr3, %0; mov %0, %%cr3" : "=r"(cr4) : : "memory");
+	}
+	raw_local_irq_restore(flags);
+}
+
+/* On every CPU, before the switcher's page tables are freed. */
+void lg_flush_tlb_all_cpus(void)
+{
+	on_each_cpu(lg_flush_tlb_local, NULL, 1);
 }

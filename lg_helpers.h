@@ -61,6 +61,10 @@ void lg_eventfd_put(struct eventfd_ctx *ctx);
 /* Implemented in irq.rs: raise `irq` on the VcpuIrq at `data`. */
 void lguest_irqfd_fire(void *data, unsigned int irq);
 
+u64 *lg_mm_pgd(struct mm_struct *mm);
+bool lg_has_invpcid(void);
+void lg_flush_tlb_all_cpus(void);
+
 /* Implemented in switcher_64.S. */
 void lguest_switch_to_guest(void *block);
 void lguest_deliver_to_host(unsigned long handler);

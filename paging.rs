@@ -56,6 +56,7 @@ use crate::{
         kill,
         Kill, //
     },
+    switcher::Switcher,
     uapi,
     vcpu::Ctx,
 };
@@ -141,7 +142,7 @@ pub(crate) fn flush(cx: &mut Ctx<'_>) -> Result<(), Kill> {
 
 /// `LHCALL_SET_PTE(pgdir, va, pte)`: one entry changed: forget its page.
 pub(crate) fn set_pte(cx: &mut Ctx<'_>, va: u64) -> Result<(), Kill> {
-    if cx.shadows.guest_root().is_none() || va >= uapi::GUEST_VA_END {
+    if cx.shadows.guest_root().is_none() || !uapi::guest_va_ok(va) {
         return Ok(());
     }
     cx.shadows.unmap(va & !(PAGE_SIZE - 1));
@@ -162,7 +163,8 @@ pub(crate) struct Walk {
     user: bool,
 }
 
-/// Walks the guest's 4-level tables at `root` for lower-half address `va`.
+/// Walks the guest's 4-level tables at `root` for address `va` (bits 47 to
+/// 12 index them; the upper half is slots 256-511 of the top level).
 /// `Ok(None)`: not present. Entries are read once each and checked; an
 /// entry that points outside guest RAM kills the guest.
 pub(crate) fn walk(mem: &GuestMemory, root: u64, va: u64) -> Result<Option<Walk>, Kill> {
@@ -221,8 +223,9 @@ pub(crate) fn demand_page(cx: &mut Ctx<'_>, va: u64, error: u64) -> Result<Fault
         // The linear map never changes: this is the guest's own fault.
         return Ok(Fault::Reflect(guest_error(error & PF_PRESENT != 0)));
     };
-    // The last lower-half page is never mapped (see `uapi::GUEST_VA_END`).
-    if va >= uapi::GUEST_VA_END {
+    // The last lower-half page and the guard hole are never mapped (see
+    // `uapi::GUEST_VA_END` and `uapi::GUEST_UPPER_START`).
+    if !uapi::guest_va_ok(va) {
         return Ok(Fault::Reflect(guest_error(false)));
     }
 
@@ -237,6 +240,11 @@ pub(crate) fn demand_page(cx: &mut Ctx<'_>, va: u64, error: u64) -> Result<Fault
     else {
         return Ok(Fault::Reflect(guest_error(false)));
     };
+    if va >> 63 != 0 && !Switcher::get().is_ok_and(|s| s.upper_half_ok()) {
+        return kill!(
+            "the guest maps {va:#x}: this host has LASS on, and no upper half for guests"
+        );
+    }
     // CR0.WP=1: writes need RW at every level in kernel mode too. There is
     // no SMEP or SMAP: the guest kernel may touch user pages.
     if (write && !writable) || (fetch && nx) || (user_mode && !user) {
@@ -283,7 +291,7 @@ pub(crate) fn va_to_gpa(mem: &GuestMemory, root: Option<u64>, va: u64, len: usiz
     let Some(root) = root else {
         return (va >= uapi::LGUEST_LOAD_MIN && end <= mem.size()).then_some(va);
     };
-    if end > uapi::GUEST_VA_END || (va / PAGE_SIZE) != ((end - 1) / PAGE_SIZE) {
+    if !uapi::guest_va_ok(va) || (va / PAGE_SIZE) != ((end - 1) / PAGE_SIZE) {
         return None;
     }
     let page = walk(mem, root, va).ok().flatten()?.gpa;

@@ -31,10 +31,17 @@ pub(crate) struct ShadowTable {
     levels: u32,
     root: HostPage,
     pages: KVec<HostPage>,
-    /// The CPU whose switcher block this table maps, if any (switcher.rs).
+    /// The CPU whose view of the switcher's alias this table's slot
+    /// points at, if any (switcher.rs).
     pub(crate) mapped_cpu: Option<u32>,
-    /// Table pages the switcher's mappings took (not the guest's doing).
-    switcher_pages: usize,
+}
+
+/// Reads entry `i` of the page table at physical address `table` (ours, or
+/// the host's top-level table of the current address space).
+pub(crate) fn read_entry(table: u64, i: usize) -> u64 {
+    let va = (helpers::page_offset_base() + table) as *const u64;
+    // SAFETY: Every page table is a whole page of the direct map; `i < 512`.
+    unsafe { va.add(i & 511).read_volatile() }
 }
 
 impl ShadowTable {
@@ -45,7 +52,6 @@ impl ShadowTable {
             root: HostPage::new()?,
             pages: KVec::new(),
             mapped_cpu: None,
-            switcher_pages: 0,
         })
     }
 
@@ -59,16 +65,21 @@ impl ShadowTable {
         self.pages.len() + 1
     }
 
-    /// Records that every table page so far belongs to the switcher's
-    /// mappings (called right after mapping it).
-    pub(crate) fn mark_switcher_pages(&mut self) {
-        self.switcher_pages = self.table_pages();
+    /// Table pages made for the guest's own mappings: what counts against
+    /// its budget (the root is not).
+    pub(crate) fn guest_pages(&self) -> usize {
+        self.pages.len()
     }
 
-    /// Table pages made for the guest's own mappings: what counts against
-    /// its budget.
-    pub(crate) fn guest_pages(&self) -> usize {
-        self.table_pages() - self.switcher_pages
+    /// Top-level entry `i`.
+    pub(crate) fn top(&self, i: usize) -> u64 {
+        Self::entry(self.root.phys(), i)
+    }
+
+    /// Sets top-level entry `i` (to a table this tree does not own: the
+    /// switcher's slot).
+    pub(crate) fn set_top(&mut self, i: usize, v: u64) {
+        Self::set_entry(self.root.phys(), i, v);
     }
 
     fn index(va: u64, level: u32) -> usize {
@@ -77,10 +88,7 @@ impl ShadowTable {
 
     /// Reads entry `i` of our table at physical address `table`.
     fn entry(table: u64, i: usize) -> u64 {
-        let va = (helpers::page_offset_base() + table) as *const u64;
-        // SAFETY: `table` is the root or a page in `self.pages` (only our
-        // own entries lead to it), mapped in the direct map; `i < 512`.
-        unsafe { va.add(i & 511).read_volatile() }
+        read_entry(table, i)
     }
 
     /// Writes entry `i` of our table at physical address `table`.
@@ -139,22 +147,18 @@ pub(crate) const MAX_SHADOW_PAGES: usize = 4096;
 /// The shadow tables of one guest root: the guest kernel's view (every
 /// mapping of the guest's tables) and guest user mode's view (only pages
 /// with the U/S bit set at every level), as Xen PV and PVM split them. Both
-/// map the switcher.
+/// map the switcher's alias, through their slot (switcher.rs).
 pub(crate) struct ShadowPair {
     kernel: ShadowTable,
     user: ShadowTable,
 }
 
 impl ShadowPair {
-    /// Two empty tables, with the switcher mapped in each.
+    /// Two empty tables (the switcher's slot is filled at entry).
     fn new() -> Result<Self> {
         let sw = Switcher::get()?;
-        let mut kernel = ShadowTable::new(sw.levels())?;
-        sw.map_into(&mut kernel)?;
-        kernel.mark_switcher_pages();
-        let mut user = ShadowTable::new(sw.levels())?;
-        sw.map_into(&mut user)?;
-        user.mark_switcher_pages();
+        let kernel = ShadowTable::new(sw.levels())?;
+        let user = ShadowTable::new(sw.levels())?;
         Ok(Self { kernel, user })
     }
 
@@ -199,6 +203,9 @@ pub(crate) struct Shadows {
     /// The guest's own top-level page table (guest-physical), once it gave
     /// one with `LHCALL_NEW_PGTABLE`; until then the linear map.
     guest_root: Option<u64>,
+    /// Whether the guest ever had an upper-half page mapped (from then on
+    /// every entry flushes the host's global TLB entries).
+    upper: bool,
 }
 
 impl Shadows {
@@ -209,7 +216,13 @@ impl Shadows {
             roots: KVec::new(),
             switches: 0,
             guest_root: None,
+            upper: false,
         })
+    }
+
+    /// Whether the guest has had upper-half mappings.
+    pub(crate) fn upper(&self) -> bool {
+        self.upper
     }
 
     /// The guest root being shadowed; `None`: the linear map.
@@ -286,6 +299,7 @@ impl Shadows {
             }
         }
         let user = PTE_P | PTE_RW | PTE_US;
+        self.upper |= va >> 63 != 0;
         self.table(user_view).map(va, pte, user)
     }
 

@@ -27,6 +27,7 @@ use crate::{
         HostPage,
         PAGE_SIZE,
         PTE_A,
+        PTE_ADDR,
         PTE_D,
         PTE_NX,
         PTE_P,
@@ -97,8 +98,31 @@ mod slot {
 const RFLAGS_GUEST_MASK: u64 = 0x1 | 0x4 | 0x10 | 0x40 | 0x80 | 0x100 | 0x400 | 0x800 | 0x4_0000;
 const RFLAGS_FIXED: u64 = 0x2 | 0x200;
 
+/// The top-level slot of the switcher's alias: the first of the x86 guard
+/// hole ("guard hole, also reserved for hypervisor",
+/// Documentation/arch/x86/x86_64/mm.rst), which no Linux host maps.
+pub(crate) const SWITCHER_SLOT: usize = 256;
+/// Where the first CPU block lies in the alias (the text, before it, is
+/// smaller: checked at load).
+const ALIAS_BLOCKS: u64 = 2 << 20;
+/// From one CPU's block to the next in the alias: the pages between them
+/// are never mapped.
+const BLOCK_STRIDE: u64 = 8 * 4096;
+
+/// The alias's address: slot [`SWITCHER_SLOT`] of the top level, for a host
+/// with `levels`-level paging.
+pub(crate) const fn alias_base(levels: u32) -> u64 {
+    if levels == 5 {
+        0xff00_0000_0000_0000
+    } else {
+        0xffff_8000_0000_0000
+    }
+}
+
 /// CR4 bits.
 const CR4_PCIDE: u64 = 1 << 17;
+const CR4_PGE: u64 = 1 << 7;
+const CR4_LASS: u64 = 1 << 27;
 const CR4_PKE: u64 = 1 << 22;
 const CR4_LA57: u64 = 1 << 12;
 /// EFER.NXE.
@@ -188,7 +212,13 @@ struct ExitPage {
     db_dr6: u64,
     db_count: u64,
     verw_sel: u16,
-    _pad: [u8; FRAME - 98],
+    _p0: u16,
+    /// The global TLB flush after the guest's CR3: 0 none, 1 by INVPCID,
+    /// 2 by a CR4.PGE toggle.
+    flush_global: u32,
+    /// INVPCID's descriptor (zeros).
+    invpcid_desc: [u64; 2],
+    _pad: [u8; FRAME - 120],
     frame: [u64; 22],
 }
 
@@ -243,7 +273,11 @@ struct HostState {
     guest_fpu: u32,
     u_cet: u64,
     pl3_ssp: u64,
-    _pad: [u8; 4096 - 208],
+    /// `lguest_guest_entry` in the alias.
+    guest_entry: u64,
+    /// `lguest_host_resume` in the module's text.
+    host_resume: u64,
+    _pad: [u8; 4096 - 224],
 }
 
 /// One CPU's block, as `switcher_64.S` sees it.
@@ -338,6 +372,8 @@ asm_offset! {
     "LG_DB_DR6" => exit.db_dr6;
     "LG_DB_COUNT" => exit.db_count;
     "LG_VERW_SEL" => exit.verw_sel;
+    "LG_FLUSH_GLOBAL" => exit.flush_global;
+    "LG_INVPCID_DESC" => exit.invpcid_desc;
     "LG_FRAME" => exit.frame;
     "LG_GDT" => desc.gdt;
     "LG_IST_PAGE" => ist;
@@ -368,6 +404,8 @@ asm_offset! {
     "LG_GUEST_FPU" => host.guest_fpu;
     "LG_HOST_U_CET" => host.u_cet;
     "LG_HOST_PL3_SSP" => host.pl3_ssp;
+    "LG_GUEST_ENTRY" => host.guest_entry;
+    "LG_HOST_RESUME" => host.host_resume;
 }
 
 const _: () = assert!(asm_define("LG_FRAME") + 22 * 8 == 4096);
@@ -473,28 +511,29 @@ impl GuestCpu {
     }
 
     /// Whether RIP and RSP are what a launcher or a guest kernel may set:
-    /// RIP below [`uapi::GUEST_VA_END`], RSP at most that (an empty stack
-    /// whose top is the end of the last usable page).
+    /// guest addresses ([`uapi::guest_va_ok`], [`uapi::guest_sp_ok`]).
     pub(crate) fn enterable(rip: u64, rsp: u64) -> bool {
-        Self::enterable_rip(rip) && rsp <= uapi::GUEST_VA_END
+        Self::enterable_rip(rip) && uapi::guest_sp_ok(rsp)
     }
 
     /// Whether the switcher may enter the guest at `rip`: the iretq into
     /// the guest faults in ring 0 on a non-canonical RIP, and the last
-    /// lower-half page is never the guest's. RSP needs no check there: an
+    /// lower-half page and the guard hole are never the guest's. RSP needs no check there: an
     /// iretq loads any RSP without a fault (only the return RIP is checked;
     /// Linux too returns to user mode through iretq with whatever RSP the
     /// process had), and the guest may keep any value in it.
     pub(crate) fn enterable_rip(rip: u64) -> bool {
-        rip < uapi::GUEST_VA_END
+        uapi::guest_va_ok(rip)
     }
 }
 
 impl CpuBlock {
     /// Fills in a zeroed block at `addr`: the guest GDT, TSS and IDT, which
     /// never change afterwards, and the fixed fields.
-    fn init(&mut self, addr: u64, cet: bool, pkru: bool) {
+    fn init(&mut self, addr: u64, entry: &EntryPoints, cet: bool, pkru: bool) {
         let at = |off: usize| addr + off as u64;
+        self.host.guest_entry = entry.guest_entry;
+        self.host.host_resume = entry.host_resume;
         self.exit.self_ptr = addr;
         self.ist.self_ptr = addr;
         self.exit.verw_sel = KERNEL_DS;
@@ -535,7 +574,7 @@ impl CpuBlock {
         // may be raised from ring 3. Not 0x80, the guest's system-call
         // vector: the host may use it for a device interrupt (without
         // IA32 emulation), so `int $0x80` comes as #GP (interrupts.rs).
-        let stubs = helpers::idt_stubs() as u64;
+        let stubs = entry.stubs;
         for (v, gate) in self.idt.iter_mut().enumerate() {
             let ist = match v {
                 1 => IST_DB,
@@ -555,22 +594,34 @@ impl CpuBlock {
     }
 }
 
+/// The addresses a block records: where the switcher's code is entered
+/// (the alias's IDT stubs and entry, and the module-text resume point).
+struct EntryPoints {
+    stubs: u64,
+    guest_entry: u64,
+    host_resume: u64,
+}
+
 /// The per-CPU blocks: `BLOCK_PAGES` pages per possible CPU, mapped
-/// contiguously in the vmalloc area, so that mapping room for all of them
-/// in a shadow table costs one table page per 102 CPUs.
+/// contiguously in the vmalloc area for this file's own use, and in the
+/// alias (where the switcher and the guest see them) at
+/// [`Blocks::alias_addr`].
 struct Blocks {
     /// Every page, CPU by CPU.
     pages: KVec<*mut bindings::page>,
     /// The `vmap` of `pages`.
     base: *mut CpuBlock,
+    /// The alias's address.
+    alias: u64,
 }
 
 impl Blocks {
-    fn new(ncpus: usize, cet: bool, pkru: bool) -> Result<Self> {
+    fn new(ncpus: usize, alias: u64, entry: &EntryPoints, cet: bool, pkru: bool) -> Result<Self> {
         let n = ncpus * BLOCK_PAGES;
         let mut b = Blocks {
             pages: KVec::with_capacity(n, GFP_KERNEL)?,
             base: core::ptr::null_mut(),
+            alias,
         };
         for _ in 0..n {
             // SAFETY: alloc_pages may be called from process context.
@@ -589,17 +640,18 @@ impl Blocks {
         }
         b.base = base.cast();
         for cpu in 0..ncpus {
-            let addr = b.addr(cpu);
+            let addr = b.alias_addr(cpu);
             // SAFETY: Block `cpu` lies in the mapping just made, zeroed (a
             // valid `CpuBlock`: integers only), and nothing else uses it yet.
-            unsafe { &mut *b.base.add(cpu) }.init(addr, cet, pkru);
+            unsafe { &mut *b.base.add(cpu) }.init(addr, entry, cet, pkru);
         }
         Ok(b)
     }
 
-    /// The host (and guest) address of `cpu`'s block.
-    fn addr(&self, cpu: usize) -> u64 {
-        self.base as u64 + (cpu * BLOCK_PAGES) as u64 * PAGE_SIZE
+    /// The address of `cpu`'s block in the alias: the one the switcher
+    /// uses, with the host's CR3 and the guest's alike.
+    fn alias_addr(&self, cpu: usize) -> u64 {
+        self.alias + ALIAS_BLOCKS + cpu as u64 * BLOCK_STRIDE
     }
 
     /// Physical address of page `p` of `cpu`'s block.
@@ -607,11 +659,6 @@ impl Blocks {
         let page = *self.pages.get(cpu * BLOCK_PAGES + p)?;
         // SAFETY: `page` is one of our allocated pages.
         Some(unsafe { helpers::page_to_phys(page) })
-    }
-
-    /// Size of the whole area, in bytes.
-    fn len(&self) -> u64 {
-        self.pages.len() as u64 * PAGE_SIZE
     }
 }
 
@@ -628,15 +675,33 @@ impl Drop for Blocks {
     }
 }
 
-/// The switcher: its text pages and one block per possible CPU.
+/// The switcher: its blocks and the page tables of its alias.
 pub(crate) struct Switcher {
     blocks: Blocks,
     ncpus: usize,
-    text: KVec<(u64, u64)>,
+    /// The alias's address ([`alias_base`]).
+    alias: u64,
+    /// The host's view of the alias: the text and every CPU's whole block.
+    /// Its slot entry goes into the top-level table of each address space
+    /// that owns a VM ([`SlotRef`]).
+    _host_view: ShadowTable,
+    /// The entry [`SlotRef`] writes into an owner's top-level table.
+    host_slot: u64,
+    /// Each CPU's guest view: the text and that CPU's pages 0-3, nothing
+    /// else. A shadow table's slot points at its CPU's while it runs.
+    guest_views: KVec<u64>,
+    /// The tables behind `guest_views` (kept for their pages).
+    _guest_view_tables: KVec<ShadowTable>,
     pcid: bool,
     levels: u32,
     /// The XSAVE components of a guest's FPU state; 0: FXSAVE.
     xsave_mask: u64,
+    /// How a global TLB flush is done at entry, when one is needed (the
+    /// block's `flush_global`); 0: the host has no global pages.
+    flush_by: u32,
+    /// CR4.LASS is on: every ring-3 access to the upper half faults, so
+    /// guests may not use it (the switcher does not toggle LASS yet).
+    lass: bool,
 }
 
 // SAFETY: Each block is used only by its own CPU with interrupts off; the
@@ -646,6 +711,12 @@ unsafe impl Send for Switcher {}
 unsafe impl Sync for Switcher {}
 
 static SWITCHER: AtomicPtr<Switcher> = AtomicPtr::new(core::ptr::null_mut());
+
+kernel::sync::global_lock! {
+    // SAFETY: `Switcher::init` initializes it, at module load, before any
+    // VM (its only user) can exist.
+    unsafe(uninit) static SLOT_USERS: Mutex<KVec<(usize, usize)>> = KVec::new();
+}
 
 /// The switcher's lifetime, held by the module: made at load, freed when
 /// dropped (at unload, when no file is open, or when a later part of the
@@ -665,52 +736,165 @@ impl Drop for SwitcherGuard {
     }
 }
 
+/// The switcher's slot in a VM owner's address space: while one exists
+/// for an address space (one per VM), slot [`SWITCHER_SLOT`] of its
+/// top-level table maps the alias, which the switch needs to run on the
+/// host's CR3. A forked child never has it (a new top-level table copies
+/// the kernel's, where the slot is empty), and no part of the kernel
+/// walks or frees that slot of a process's table.
+pub(crate) struct SlotRef {
+    mm: helpers::MmRef,
+}
+
+impl SlotRef {
+    /// Gives the current task's address space the switcher's slot.
+    pub(crate) fn attach() -> Result<Self> {
+        let sw = Switcher::get()?;
+        let mm = helpers::MmRef::current().ok_or(EINVAL)?;
+        let mut users = SLOT_USERS.lock();
+        if let Some(u) = users.iter_mut().find(|u| u.0 == mm.id()) {
+            u.1 += 1;
+        } else {
+            let cur = mm.top_entry(SWITCHER_SLOT);
+            if cur != 0 && !sw.is_host_slot(cur) {
+                pr_err!(
+                    "slot {} of this address space is in use: no VM\n",
+                    SWITCHER_SLOT
+                );
+                return Err(EBUSY);
+            }
+            users.push((mm.id(), 1), GFP_KERNEL)?;
+            mm.set_top_entry(SWITCHER_SLOT, sw.host_slot);
+        }
+        drop(users);
+        Ok(SlotRef { mm })
+    }
+}
+
+impl Drop for SlotRef {
+    fn drop(&mut self) {
+        let mut users = SLOT_USERS.lock();
+        if let Some(i) = users.iter().position(|u| u.0 == self.mm.id()) {
+            users[i].1 -= 1;
+            if users[i].1 == 0 {
+                // The tables stay (until the module goes, after a flush of
+                // every CPU's TLB), so a CPU still caching the slot's
+                // translations for this address space sees valid ones.
+                self.mm.set_top_entry(SWITCHER_SLOT, 0);
+                let _ = users.remove(i);
+            }
+        }
+    }
+}
+
 impl Switcher {
     /// Sets up the switcher at module load.
     fn init() -> Result {
+        // SAFETY: Called once per module load, before any VM exists.
+        unsafe { SLOT_USERS.init() };
         let cr4 = helpers::read_cr4();
         if helpers::read_efer() & EFER_NXE == 0 {
             pr_err!("EFER.NXE is off; the switcher needs no-execute pages\n");
             return Err(ENODEV);
         }
+        let levels = if cr4 & CR4_LA57 != 0 { 5 } else { 4 };
+        let alias = alias_base(levels);
         let ncpus = kernel::cpu::nr_cpu_ids() as usize;
         let cet = helpers::user_shstk();
-        let blocks = Blocks::new(ncpus, cet, cr4 & CR4_PKE != 0)?;
         let (start, end) = helpers::switcher_text();
+        let (start, end) = (start as u64, end as u64);
+        if end - start > ALIAS_BLOCKS {
+            pr_err!("the switcher's text is larger than {:#x}\n", ALIAS_BLOCKS);
+            return Err(EINVAL);
+        }
+        let in_alias = |va: usize| alias + (va as u64 - start);
+        let (guest_entry, host_resume) = helpers::switcher_entry_points();
+        let entry = EntryPoints {
+            stubs: in_alias(helpers::idt_stubs()),
+            guest_entry: in_alias(guest_entry),
+            host_resume: host_resume as u64,
+        };
+        let blocks = Blocks::new(ncpus, alias, &entry, cet, cr4 & CR4_PKE != 0)?;
         let mut text = KVec::new();
-        let mut va = start as u64;
-        while va < end as u64 {
+        let mut va = start;
+        while va < end {
             // SAFETY: `va` lies in this module's text, which is vmalloc-mapped.
             let pfn = unsafe { bindings::vmalloc_to_pfn(va as *const _) } as u64;
             if pfn == 0 {
                 pr_err!("the switcher's text at {:#x} has no page\n", va);
                 return Err(EINVAL);
             }
-            text.push((va, pfn << 12), GFP_KERNEL)?;
+            text.push(pfn << 12, GFP_KERNEL)?;
             va += PAGE_SIZE;
         }
+
+        // The alias's tables: supervisor-only, never global; the text
+        // read-only, the blocks not executable.
+        let upper = PTE_P | PTE_RW;
+        let block_pte = PTE_P | PTE_RW | PTE_A | PTE_D | PTE_NX;
+        let map_text = |t: &mut ShadowTable| -> Result {
+            for (i, &phys) in text.iter().enumerate() {
+                t.map(alias + i as u64 * PAGE_SIZE, phys | PTE_P | PTE_A, upper)?;
+            }
+            Ok(())
+        };
+        let mut host_view = ShadowTable::new(levels)?;
+        map_text(&mut host_view)?;
+        let mut guest_view_tables = KVec::with_capacity(ncpus, GFP_KERNEL)?;
+        let mut guest_views = KVec::with_capacity(ncpus, GFP_KERNEL)?;
+        for cpu in 0..ncpus {
+            let mut g = ShadowTable::new(levels)?;
+            map_text(&mut g)?;
+            let va = blocks.alias_addr(cpu);
+            for p in 0..BLOCK_PAGES {
+                let phys = blocks.phys(cpu, p).ok_or(EINVAL)?;
+                let at = va + p as u64 * PAGE_SIZE;
+                host_view.map(at, phys | block_pte, upper)?;
+                if p < GUEST_BLOCK_PAGES {
+                    g.map(at, phys | block_pte, upper)?;
+                }
+            }
+            guest_views.push(g.top(SWITCHER_SLOT), GFP_KERNEL)?;
+            guest_view_tables.push(g, GFP_KERNEL)?;
+        }
+        let host_slot = host_view.top(SWITCHER_SLOT);
+        let flush_by = if cr4 & CR4_PGE == 0 {
+            0
+        } else if helpers::has_invpcid() {
+            1
+        } else {
+            2
+        };
         let s = KBox::new(
             Switcher {
                 blocks,
                 ncpus,
-                text,
+                alias,
+                _host_view: host_view,
+                host_slot,
+                guest_views,
+                _guest_view_tables: guest_view_tables,
                 pcid: cr4 & CR4_PCIDE != 0,
-                levels: if cr4 & CR4_LA57 != 0 { 5 } else { 4 },
+                levels,
                 xsave_mask: helpers::fpu_xsave_mask(),
+                flush_by,
+                lass: cr4 & CR4_LASS != 0,
             },
             GFP_KERNEL,
         )?;
         let fpu_by = if s.xsave_mask != 0 { "XSAVE" } else { "FXSAVE" };
         pr_info!(
-            "switcher at {:#x} ({} text pages), {} CPUs, {}-level paging{}{}, guest FPU by {} {:#x}\n",
+            "switcher at {:#x}, alias {:#x} ({} text pages), {} CPUs, {}-level paging{}{}, guest FPU by {} {:#x}, global flush by {}\n",
             start,
-            s.text.len(),
+            alias,
+            text.len(),
             ncpus,
             s.levels,
             if s.pcid { ", PCID" } else { "" },
             if cet { ", user shadow stacks" } else { "" },
             fpu_by,
-            s.xsave_mask
+            s.xsave_mask,
+            ["none", "INVPCID", "CR4.PGE"][s.flush_by as usize]
         );
         SWITCHER.store(KBox::into_raw(s), Ordering::Release);
         Ok(())
@@ -720,15 +904,39 @@ impl Switcher {
     fn exit() {
         let p = SWITCHER.swap(core::ptr::null_mut(), Ordering::AcqRel);
         if !p.is_null() {
+            // No address space has the slot any more (each VM held a
+            // SlotRef, and no file is open), but a CPU may still cache
+            // translations through the alias's tables: drop them first.
+            helpers::flush_tlb_all_cpus();
             // SAFETY: `p` came from KBox::into_raw in `init`; no file is open
             // (each holds a module reference), so nobody uses it any more.
             drop(unsafe { KBox::from_raw(p) });
+            // The registry is empty (every SlotRef went with its VM); its
+            // buffer is freed here, as a static is never dropped.
+            drop(core::mem::take(&mut *SLOT_USERS.lock()));
         }
     }
 
     /// The XSAVE components of a guest's FPU state (0 without XSAVE).
     pub(crate) fn xsave_mask(&self) -> u64 {
         self.xsave_mask
+    }
+
+    /// Whether a top-level entry is the host's view of the alias (the CPU
+    /// sets the accessed bit in it as it walks).
+    fn is_host_slot(&self, e: u64) -> bool {
+        e & !PTE_A == self.host_slot & !PTE_A
+    }
+
+    /// Whether an entry with `upper` set flushes the host's global TLB
+    /// entries (the host has some).
+    pub(crate) fn flushes_global(&self) -> bool {
+        self.flush_by != 0
+    }
+
+    /// Whether guests may use the upper half on this host (not with LASS).
+    pub(crate) fn upper_half_ok(&self) -> bool {
+        !self.lass
     }
 
     /// Whether `v` is a canonical address on this host (4- or 5-level
@@ -753,42 +961,14 @@ impl Switcher {
         self.levels
     }
 
-    /// Maps the switcher text, and room for any CPU's block, into a new
-    /// shadow table. The blocks stay not-present until a CPU runs the guest.
-    pub(crate) fn map_into(&self, shadow: &mut ShadowTable) -> Result {
-        let upper = PTE_P | PTE_RW;
-        for &(va, phys) in self.text.iter() {
-            shadow.map(va, phys | PTE_P | PTE_A, upper)?;
-        }
-        let base = self.blocks.addr(0);
-        let mut off = 0;
-        while off < self.blocks.len() {
-            shadow.map(base + off, 0, upper)?;
-            // One entry per page table is enough to create the tables.
-            off += 512 * PAGE_SIZE - (base + off) % (512 * PAGE_SIZE);
-        }
-        let last = base + self.blocks.len() - PAGE_SIZE;
-        shadow.map(last, 0, upper)?;
-        Ok(())
-    }
-
-    /// Makes `shadow` map pages 0-3 of `cpu`'s block and no other block.
+    /// Makes `shadow`'s switcher slot map the alias as `cpu` needs it: the
+    /// text and `cpu`'s block, no other block.
     fn map_block(&self, shadow: &mut ShadowTable, cpu: usize) -> Result {
         if shadow.mapped_cpu == Some(cpu as u32) {
             return Ok(());
         }
-        if let Some(old) = shadow.mapped_cpu.take() {
-            let va = self.blocks.addr(old as usize);
-            for p in 0..GUEST_BLOCK_PAGES {
-                shadow.set_existing(va + (p as u64) * PAGE_SIZE, 0)?;
-            }
-        }
-        let va = self.blocks.addr(cpu);
-        for p in 0..GUEST_BLOCK_PAGES {
-            let phys = self.blocks.phys(cpu, p).ok_or(EINVAL)?;
-            let pte = phys | PTE_P | PTE_RW | PTE_A | PTE_D | PTE_NX;
-            shadow.set_existing(va + (p as u64) * PAGE_SIZE, pte)?;
-        }
+        let e = *self.guest_views.get(cpu).ok_or(EINVAL)?;
+        shadow.set_top(SWITCHER_SLOT, e);
         shadow.mapped_cpu = Some(cpu as u32);
         Ok(())
     }
@@ -797,7 +977,9 @@ impl Switcher {
     /// interrupt state and `seen` its raise count when the run loop last
     /// looked for interrupts to deliver: if anything was raised since, the
     /// entry is abandoned (`Exit::Aborted`) so that the run loop looks again
-    /// rather than leaving the interrupt waiting for the next exit.
+    /// rather than leaving the interrupt waiting for the next exit. With
+    /// `upper` (the guest has upper-half mappings) the host's global TLB
+    /// entries are flushed once the guest's CR3 is loaded.
     pub(crate) fn run_once(
         &self,
         shadow: &mut ShadowTable,
@@ -805,6 +987,7 @@ impl Switcher {
         fpu: &mut GuestFpu,
         irq: &VcpuIrq,
         seen: u64,
+        upper: bool,
     ) -> Result<Exit> {
         let r = vcpu.regs;
         if !GuestCpu::enterable_rip(r.rip) {
@@ -818,6 +1001,19 @@ impl Switcher {
         if cpu >= self.ncpus {
             return Err(EINVAL);
         }
+        // The switch runs on this CR3 through the alias: its slot must be
+        // there (SlotRef, for the owner's address space, which RUN checked).
+        let host_cr3 = helpers::read_cr3();
+        let found = crate::shadow::read_entry(host_cr3 & PTE_ADDR, SWITCHER_SLOT);
+        if !self.is_host_slot(found) {
+            kernel::pr_warn_once!(
+                "the launcher's address space lacks the switcher's slot (CR3 {:#x}: {:#x}, wanted {:#x})\n",
+                host_cr3,
+                found,
+                self.host_slot
+            );
+            return Err(EIO);
+        }
         self.map_block(shadow, cpu)?;
         let block = self.blocks.base.wrapping_add(cpu);
         {
@@ -826,7 +1022,8 @@ impl Switcher {
             // switcher, which is not running, touch it.
             let b = unsafe { &mut *block };
             let noflush = if self.pcid { 1u64 << 63 } else { 0 };
-            b.exit.host_cr3 = helpers::read_cr3() | noflush;
+            b.exit.host_cr3 = host_cr3 | noflush;
+            b.exit.flush_global = if upper { self.flush_by } else { 0 };
             b.exit.nmi_pending = 0;
             b.exit.mc_pending = 0;
             b.exit.r0_fault = 0;
@@ -877,8 +1074,9 @@ impl Switcher {
             self.fpu_load(fpu);
         }
         // SAFETY: Interrupts are off (`_irqs_off`), `block` is this CPU's
-        // block, set up in `CpuBlock::init` and just now, and `shadow` maps
-        // the switcher text (`map_into`) and this block (`map_block`).
+        // block, set up in `CpuBlock::init` and just now; the host's CR3
+        // maps the alias (checked above) and `shadow` maps the alias's text
+        // and this block (`map_block`).
         unsafe { helpers::switch_to_guest(block.cast()) };
         if fpu.active {
             self.fpu_save(fpu);
@@ -954,11 +1152,20 @@ impl Switcher {
             );
         }
         if fault {
-            let (start, _) = helpers::switcher_text();
+            // The fault's RIP is in the alias, or in the module's text for
+            // the exit's last part (lguest_host_resume): an offset in the
+            // section either way.
+            let (start, end) = helpers::switcher_text();
+            let rip = b.exit.r0_rip;
+            let base = if rip >= self.alias && rip < self.alias + (end - start) as u64 {
+                self.alias
+            } else {
+                start as u64
+            };
             return Ok(Exit::SwitcherFault {
                 vector: b.exit.r0_vector,
                 error: b.exit.r0_error,
-                offset: b.exit.r0_rip.wrapping_sub(start as u64),
+                offset: rip.wrapping_sub(base),
             });
         }
         if aborted {

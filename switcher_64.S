@@ -24,22 +24,32 @@
  *   page 4  the host state saved at entry: never in the guest's tables.
  *           Only page 0's host CR3 is read before CR3 is the host's again.
  *
- * The code lives in its own page-aligned section so that it can be mapped,
- * alone, into every guest's shadow page tables at the address it has in the
- * host. Nothing else of the host is reachable from the guest's address
- * space.
+ * The code lives in its own page-aligned section, which the module maps a
+ * second time, at the same offsets, in the x86 guard hole (the top-level
+ * slot 256: 0xffff800000000000 with 4-level paging, 0xff00000000000000
+ * with 5-level), with every CPU's block after it: the alias. The host sees
+ * it through that slot of the launcher's address space, the guest through
+ * the same slot of its shadow tables, where it finds only its CPU's block
+ * (pages 0-3) and nothing else of the host. The CR3 writes run in the
+ * alias; so does everything that runs with the guest's CR3. A guest kernel
+ * may then live anywhere else, the top 2 GiB included: no guest address
+ * is the host's. The alias may not reach outside the section (rel32
+ * calls and jumps, RET's return thunk) since it is not where the linker
+ * put it; the parts that call into the kernel run at the module's own
+ * address (Documentation/switcher.rst, "The alias").
  *
- * What is live where (CR3, GDT, TSS, IDT; GS base):
+ * What is live where (CR3, GDT, TSS, IDT; GS base), and where it runs:
  *
- *   lguest_switch_to_guest .. lgdt          host all
+ *   lguest_switch_to_guest .. its call       host all           module
+ *   lguest_guest_entry .. lgdt              host all           alias
  *   lgdt .. ltr                             host CR3/TSS/IDT, our GDT
  *   ltr .. lidt                             host CR3/IDT, our GDT/TSS
  *   lidt .. mov cr3                         host CR3, ours otherwise
  *   mov cr3 .. iretq                        all ours (guest GS base)
- *   guest                                   all ours
- *   stub .. lguest_restore_host's cr3       all ours
+ *   guest                                   all ours           guest
+ *   stub .. lguest_restore_host's cr3       all ours           alias
  *   cr3 .. GS base                          host CR3, ours otherwise
- *   GS base .. lidt                         host CR3/GDT/GS, our TSS/IDT
+ *   lguest_host_resume .. lidt              host CR3/GDT/GS, our TSS/IDT  module
  *   lidt .. ltr                             host CR3/GDT/IDT, our TSS
  *   ltr ..                                  host all
  *
@@ -85,6 +95,8 @@
 #define LG_DB_DR6		80	/* DR6 of the last #DB taken in ring 0 */
 #define LG_DB_COUNT		88
 #define LG_VERW_SEL		96	/* a data selector for VERW (CPU buffer clearing) */
+#define LG_FLUSH_GLOBAL		100	/* 1: INVPCID, 2: CR4.PGE toggle, after the guest's CR3 */
+#define LG_INVPCID_DESC		104	/* 16 zero bytes: INVPCID's descriptor */
 /* The guest frame: 22 quadwords ending at the top of page 0. */
 #define LG_FRAME		3920
 #define LG_FRAME_SIZE		(22 * 8)
@@ -124,6 +136,11 @@
 #define LG_GUEST_FPU		16572
 #define LG_HOST_U_CET		16576
 #define LG_HOST_PL3_SSP		16584
+#define LG_GUEST_ENTRY		16592	/* lguest_guest_entry in the alias */
+#define LG_HOST_RESUME		16600	/* lguest_host_resume in the module's text */
+
+/* INVPCID's type 2: every PCID, global entries included (asm/invpcid.h). */
+#define LG_INVPCID_ALL		2
 
 /* DR6 with nothing recorded. */
 #define DR6_RESERVED		0xffff0ff0
@@ -194,6 +211,8 @@ SYM_FUNC_START(lguest_switch_to_guest)
 	push	%r14
 	push	%r15
 	pushf
+	/* From here on the block is used at its alias address (its own). */
+	mov	LG_SELF(%rdi), %rdi
 	mov	%rsp, LG_HOST_RSP(%rdi)
 	movq	$0, LG_ABORTED(%rdi)
 
@@ -227,14 +246,47 @@ SYM_FUNC_START(lguest_switch_to_guest)
 	RDMSR_TO MSR_IA32_PL3_SSP, LG_HOST_PL3_SSP
 1:
 	/*
-	 * From here on RSP is the guest frame, which the stub of an NMI can
-	 * find, and every step up to the iretq can be undone by
-	 * lguest_restore_host.
+	 * The rest of the entry runs from the switcher's alias in the guard
+	 * hole, which the host's tables (the top-level slot this address
+	 * space gives the switcher) and the guest's map at the same address:
+	 * the guest's CR3 is loaded there. The exit path comes back to this
+	 * text at lguest_host_resume, and returns at lguest_host_return below
+	 * with RSP as it is before this call (the call's return address is
+	 * never used).
 	 */
+	mov	LG_GUEST_ENTRY(%rdi), %rax
 	UNWIND_HINT_SAVE
-	lea	LG_FRAME(%rdi), %rsp
+	CALL_NOSPEC rax
+
+	/* lguest_host_resume comes back here, on the host stack again. */
+SYM_INNER_LABEL(lguest_host_return, SYM_L_LOCAL)
+	UNWIND_HINT_RESTORE
+	ANNOTATE_NOENDBR
+	popf
+	pop	%r15
+	pop	%r14
+	pop	%r13
+	pop	%r12
+	pop	%rbx
+	pop	%rbp
+	RET
+SYM_FUNC_END(lguest_switch_to_guest)
+_ASM_NOKPROBE(lguest_switch_to_guest)
+
+/*
+ * The entry, from the alias (called from lguest_switch_to_guest, in the
+ * host's CR3): from here on RSP is the guest frame, which the stub of an
+ * NMI can find, and every step up to the iretq can be undone by
+ * lguest_restore_host. Nothing here may reach outside this section: a
+ * call or jump to the kernel's text (a RET, under return thunks, is one)
+ * would land off by the alias's distance.
+ */
+SYM_CODE_START(lguest_guest_entry)
+	UNWIND_HINT_UNDEFINED
+	ENDBR
 SYM_INNER_LABEL(lguest_entry_window, SYM_L_GLOBAL)
 	ANNOTATE_NOENDBR
+	lea	LG_FRAME(%rdi), %rsp
 	/*
 	 * GDT, then TSS, then IDT: whenever our IDT is live, so is our TSS,
 	 * so our NMI and #MC stubs always land on our IST stacks. A host NMI
@@ -300,6 +352,26 @@ SYM_INNER_LABEL(lguest_entry_window, SYM_L_GLOBAL)
 	/* Last, the guest's address space. Only this text and pages 0-3 remain. */
 	mov	LG_GUEST_CR3(%rdi), %rax
 	mov	%rax, %cr3
+	/*
+	 * A guest with upper-half mappings must not meet the host's global
+	 * TLB entries (a CR3 write keeps them): flush them, now that no host
+	 * address is touched any more until the guest exits (an NMI or #MC
+	 * from here to the iretq aborts the entry, and a toggle of CR4.PGE
+	 * cut in two is completed by lguest_entry_abort).
+	 */
+	cmpl	$0, LG_FLUSH_GLOBAL(%rdi)
+	je	5f
+	cmpl	$1, LG_FLUSH_GLOBAL(%rdi)
+	jne	4f
+	mov	$LG_INVPCID_ALL, %eax
+	invpcid	LG_INVPCID_DESC(%rdi), %rax
+	jmp	5f
+4:	mov	%cr4, %rax
+	xor	$X86_CR4_PGE, %rax
+	mov	%rax, %cr4
+	xor	$X86_CR4_PGE, %rax
+	mov	%rax, %cr4
+5:
 
 	pop	%r15
 	pop	%r14
@@ -328,21 +400,8 @@ SYM_INNER_LABEL(lguest_iretq, SYM_L_GLOBAL)
 	iretq
 SYM_INNER_LABEL(lguest_entry_window_end, SYM_L_GLOBAL)
 	ANNOTATE_NOENDBR
-
-	/* lguest_restore_host comes back here, on the host stack again. */
-SYM_INNER_LABEL(lguest_host_return, SYM_L_LOCAL)
-	UNWIND_HINT_RESTORE
-	ANNOTATE_NOENDBR
-	popf
-	pop	%r15
-	pop	%r14
-	pop	%r13
-	pop	%r12
-	pop	%rbx
-	pop	%rbp
-	RET
-SYM_FUNC_END(lguest_switch_to_guest)
-_ASM_NOKPROBE(lguest_switch_to_guest)
+SYM_CODE_END(lguest_guest_entry)
+_ASM_NOKPROBE(lguest_guest_entry)
 
 /*
  * Every way out of the guest ends here, on the guest frame (RSP0 stack) with
@@ -420,6 +479,13 @@ SYM_CODE_START_LOCAL(lguest_entry_abort)
 	BLOCK_FROM_RSP %rdi
 	lea	LG_FRAME(%rdi), %rsp
 	movq	$1, LG_ABORTED(%rdi)
+	/* A CR4.PGE toggle the NMI cut in two: PGE back on (the host's). */
+	cmpl	$2, LG_FLUSH_GLOBAL(%rdi)
+	jne	1f
+	mov	%cr4, %rax
+	or	$X86_CR4_PGE, %rax
+	mov	%rax, %cr4
+1:
 	xor	%r15d, %r15d
 	jmp	lguest_restore_host
 SYM_CODE_END(lguest_entry_abort)
@@ -455,6 +521,34 @@ SYM_CODE_START_LOCAL(lguest_restore_host)
 	mov	LG_HOST_GS(%rdi), %gs
 	WRMSR_FROM MSR_FS_BASE, LG_HOST_FS_BASE
 	WRMSR_FROM MSR_GS_BASE, LG_HOST_GS_BASE
+	/*
+	 * Back to the module's own text, where calls into the kernel reach:
+	 * an indirect jump that cannot be steered, the retpoline sequence
+	 * written out (the kernel's thunks are out of reach from here). Its
+	 * RET is predicted from the return stack entry the call just made,
+	 * the speculation trap.
+	 */
+	mov	LG_HOST_RESUME(%rdi), %rax
+	ANNOTATE_INTRA_FUNCTION_CALL
+	call	7f
+6:	UNWIND_HINT_UNDEFINED
+	pause
+	lfence
+	jmp	6b
+7:	mov	%rax, (%rsp)
+	ANNOTATE_UNRET_SAFE
+	ret
+	int3
+SYM_CODE_END(lguest_restore_host)
+_ASM_NOKPROBE(lguest_restore_host)
+
+/*
+ * The exit, in the module's text, host CR3, GDT, segments and GS base
+ * back; our IDT and TSS still live. %rdi is the block (in the alias).
+ */
+SYM_CODE_START(lguest_host_resume)
+	UNWIND_HINT_UNDEFINED
+	ANNOTATE_NOENDBR
 	/*
 	 * Speculation: this is the kernel's entry from user mode, so it does
 	 * what entry_64.S does there, before the first RET (UNTRAIN_RET):
@@ -499,8 +593,8 @@ SYM_CODE_START_LOCAL(lguest_restore_host)
 3:
 	mov	LG_HOST_RSP(%rdi), %rsp
 	jmp	lguest_host_return
-SYM_CODE_END(lguest_restore_host)
-_ASM_NOKPROBE(lguest_restore_host)
+SYM_CODE_END(lguest_host_resume)
+_ASM_NOKPROBE(lguest_host_resume)
 
 /*
  * IBPB, as the kernel's write_ibpb (which is exported to KVM only): an

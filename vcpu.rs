@@ -90,6 +90,7 @@ pub(crate) struct Vcpu {
     pub(crate) stat_shadow_pages: u64,
     /// Entries with the FPU state loaded.
     pub(crate) stat_fpu_entries: u64,
+    pub(crate) stat_global_flushes: u64,
 }
 
 impl Vcpu {
@@ -135,6 +136,7 @@ impl Vcpu {
             stat_hypercalls: 0,
             stat_shadow_pages: 0,
             stat_fpu_entries: 0,
+            stat_global_flushes: 0,
         })
     }
 
@@ -162,6 +164,7 @@ impl Vcpu {
             stat_hypercalls: self.stat_hypercalls,
             stat_shadow_pages: self.stat_shadow_pages,
             stat_fpu_entries: self.stat_fpu_entries,
+            stat_global_flushes: self.stat_global_flushes,
             message,
         });
     }

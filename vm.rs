@@ -52,6 +52,7 @@ use crate::{
     switcher::{
         Exit,
         GuestCpu,
+        SlotRef,
         Switcher, //
     },
     uapi::{
@@ -88,6 +89,8 @@ pub(crate) struct Vm {
     /// The address space that created the VM: guest memory is its memory,
     /// so only it may run the guest (as lguest required).
     owner: helpers::MmRef,
+    /// The switcher's slot in the owner's top-level table.
+    _slot: SlotRef,
     /// Notification addresses bound to eventfds (`LGUEST_IOEVENTFD`).
     notifiers: Arc<Notifiers>,
 }
@@ -123,6 +126,7 @@ impl Vm {
         }
 
         let owner = helpers::MmRef::current().ok_or(EINVAL)?;
+        let slot = SlotRef::attach()?;
         // Guest memory is RAM and the device window above it (the lguest
         // bus: device table and whatever else the launcher shares there).
         // All of it is pinned and counts as the launcher's locked memory.
@@ -137,6 +141,7 @@ impl Vm {
                 vcpus: KVec::new(),
                 dead: None,
                 owner,
+                _slot: slot,
                 notifiers,
             }),
             Err(e) => {
@@ -269,11 +274,20 @@ impl Vm {
             }
 
             let vcpu = &mut *cx.vcpu;
+            // Upper-half mappings meet the host's global TLB entries: the
+            // entry flushes them.
+            let upper = cx.shadows.upper();
             let shadow = cx.shadows.table(vcpu.user_mode);
             let fpu_loaded = vcpu.fpu.active();
-            let exit = sw.run_once(shadow, &mut vcpu.cpu, &mut vcpu.fpu, &vcpu.irq, seen)?;
+            let exit = sw.run_once(shadow, &mut vcpu.cpu, &mut vcpu.fpu, &vcpu.irq, seen, upper)?;
             vcpu.stat_exits += 1;
             vcpu.stat_fpu_entries += fpu_loaded as u64;
+            if upper
+                && sw.flushes_global()
+                && !matches!(exit, Exit::Aborted | Exit::BadState { .. })
+            {
+                vcpu.stat_global_flushes += 1;
+            }
             let outcome = match exit {
                 Exit::Trap { vector, error, cr2 } => handle_trap(&mut cx, vector, error, cr2),
                 Exit::Aborted | Exit::HostEvent | Exit::FpuLoaded => continue,

@@ -27,10 +27,15 @@ target=x86_64-unknown-none
 
 command -v cargo >/dev/null || fail "cargo not found (install rustup's stable toolchain)"
 
-# Every sample is a binary named after its directory.
+# Every sample is a binary named after its directory, plus any other
+# [[bin]] its Cargo.toml names (user-upper, say).
 bins=()
 for dir in "$samples"/*/; do
-	[ -f "$dir/Cargo.toml" ] && bins+=("$(basename "$dir")")
+	[ -f "$dir/Cargo.toml" ] || continue
+	bins+=("$(basename "$dir")")
+	for extra in $(awk '/^\[\[bin\]\]/ { b = 1; next } b && /^name *=/ { gsub(/[" ]/, "", $0); sub(/^name=/, "", $0); print; b = 0 }' "$dir/Cargo.toml"); do
+		[ "$extra" = "$(basename "$dir")" ] || bins+=("$extra")
+	done
 done
 [ ${#bins[@]} -gt 0 ] || fail "no samples found under $samples"
 

@@ -284,13 +284,17 @@ pub struct LguestRun {
     /// Number of hypercalls since the vCPU was created.
     pub stat_hypercalls: u64,
     /// Shadow page-table pages the VM holds (all roots, kernel and user
-    /// tables, switcher mappings included), as of this exit.
+    /// tables), as of this exit.
     pub stat_shadow_pages: u64,
     /// Number of entries with the guest's FPU state loaded (one XRSTOR and
     /// one XSAVE each): 0 for a guest that never used x87, SSE or AVX.
     pub stat_fpu_entries: u64,
+    /// Number of entries that flushed the host's global TLB entries (the
+    /// guest had upper-half mappings; Documentation/switcher.rst, "Global
+    /// pages").
+    pub stat_global_flushes: u64,
     /// Reserved for later exit data.
-    pub reserved: [u64; 8],
+    pub reserved: [u64; 7],
     /// For `LGUEST_EXIT_SHUTDOWN` and `LGUEST_EXIT_KILLED`: a NUL-terminated
     /// message (the guest's, or the host's reason for the kill).
     pub message: [u8; LGUEST_MESSAGE_LEN],
@@ -331,6 +335,26 @@ pub const LGUEST_CMDLINE_MAX: usize = 4096;
 /// the launcher) is against this one value.
 pub const GUEST_VA_END: u64 = (1 << 47) - 4096;
 
+/// The lowest upper-half address a guest may map and run at. Below it, from
+/// `0xffff800000000000`, lies the x86 guard hole (slots 256 to 271 of a
+/// 4-level top-level table), which is never the guest's: the host's
+/// switcher lives there. From here to the top of the address space, the
+/// top 2 GiB where kernels are linked included, every address is the
+/// guest's.
+pub const GUEST_UPPER_START: u64 = 0xffff_8800_0000_0000;
+
+/// Whether a guest may map and run at `va`: below [`GUEST_VA_END`] or from
+/// [`GUEST_UPPER_START`] on.
+pub const fn guest_va_ok(va: u64) -> bool {
+    va < GUEST_VA_END || va >= GUEST_UPPER_START
+}
+
+/// Whether `sp` may be a guest stack pointer: a [`guest_va_ok`] address, or
+/// the end of the last lower-half page a guest may use (an empty stack).
+pub const fn guest_sp_ok(sp: u64) -> bool {
+    sp <= GUEST_VA_END || sp >= GUEST_UPPER_START
+}
+
 /// The lowest address a guest image may be loaded at: the first 1 MiB is left
 /// unmapped, so that a null pointer in the guest faults.
 pub const LGUEST_LOAD_MIN: u64 = 0x10_0000;
@@ -358,7 +382,9 @@ pub const LGUEST_KERNEL_SS: u64 = 0x18;
 /// address of a NUL-terminated message (at most 255 bytes are read);
 /// argument 2: `LGUEST_SHUTDOWN_*`.
 pub const LHCALL_SHUTDOWN: u64 = 2;
-/// Hypercall: switch to a new top-level page table.
+/// Hypercall: switch to a new top-level page table (argument 1: its
+/// guest-physical address). The one hypercall allowed before
+/// [`LHCALL_LGUEST_INIT`].
 pub const LHCALL_NEW_PGTABLE: u64 = 4;
 /// Hypercall: flush the TLB (argument: all roots or only the current one).
 pub const LHCALL_FLUSH_TLB: u64 = 5;

@@ -49,6 +49,7 @@ fn rust_side() -> BTreeMap<&'static str, u64> {
         ("LGUEST_CMDLINE_MAX", abi::LGUEST_CMDLINE_MAX as u64),
         ("LGUEST_LOAD_MIN", abi::LGUEST_LOAD_MIN),
         ("LGUEST_GUEST_VA_END", abi::GUEST_VA_END),
+        ("LGUEST_GUEST_UPPER_START", abi::GUEST_UPPER_START),
         ("LGUEST_GUEST_CS", abi::LGUEST_GUEST_CS),
         ("LGUEST_GUEST_SS", abi::LGUEST_GUEST_SS),
         ("LGUEST_USER_CS", abi::LGUEST_USER_CS),
@@ -149,6 +150,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
             stat_hypercalls,
             stat_shadow_pages,
             stat_fpu_entries,
+            stat_global_flushes,
             reserved,
             message
         ]
@@ -224,6 +226,7 @@ const STRUCTS: &[(&str, &[&str])] = &[
             "stat_hypercalls",
             "stat_shadow_pages",
             "stat_fpu_entries",
+            "stat_global_flushes",
             "reserved",
             "message",
         ],

@@ -163,8 +163,10 @@ pub fn unblock_irq(irq: u8) {
     }
 }
 
-/// Reads `reserve_mem`: the guest must not use virtual addresses at or
-/// above it (the switcher lives there). 0 until the host has written it.
+/// Reads `reserve_mem`: the guest must not use lower-half virtual
+/// addresses at or above it (the last page below 2^47); in the upper half,
+/// addresses from `GUEST_UPPER_START` on are the guest's (below it is the
+/// guard hole, where the switcher lives). 0 until the host has written it.
 pub fn reserve_mem() -> u64 {
     // SAFETY: as in `irq_enabled`.
     unsafe { addr_of!((*data()).reserve_mem).read_volatile() }

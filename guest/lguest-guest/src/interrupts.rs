@@ -9,9 +9,11 @@
 //! type [`GATE_INTERRUPT`] (0xE: the host clears the virtual IF,
 //! `lguest_data.irq_enabled`, on delivery) or [`GATE_TRAP`] (0xF: it leaves
 //! it alone). Vectors 2 (NMI), 8 (#DF), 18 (#MC) and 0x1F (the hypercall
-//! gate) are refused, so are handlers at or above `lguest_data.reserve_mem`;
-//! refused means the guest is killed, so [`set_trap_handler`] only takes the
-//! vectors in [`EXCEPTION_VECTORS`] and [`install`] checks `reserve_mem`.
+//! gate) are refused, so are handlers that are not guest addresses (at or
+//! above `lguest_data.reserve_mem` in the lower half, or below
+//! `GUEST_UPPER_START` in the upper half); refused means the guest is
+//! killed, so [`set_trap_handler`] only takes the vectors in
+//! [`EXCEPTION_VECTORS`] and [`install`] checks the address.
 //!
 //! When the guest raises exception vector V and has an entry for it, the
 //! host delivers it there; without one, the host kills the guest. IRQ `n`
@@ -456,9 +458,10 @@ extern "C" {
     static lguest_noirq_iret: u8;
 }
 
-/// The address of the `iretq` the host must never interrupt.
+/// The address of the `iretq` the host must never interrupt (a virtual
+/// address: the RIP the host compares).
 pub fn noirq_iret() -> u64 {
-    crate::virt_to_phys(core::ptr::addr_of!(lguest_noirq_iret))
+    core::ptr::addr_of!(lguest_noirq_iret) as u64
 }
 
 /// The address of the entry stub of `vector` (below [`NR_VECTORS`]).
@@ -466,7 +469,8 @@ pub fn stub_address(vector: u8) -> Option<u64> {
     if usize::from(vector) >= NR_VECTORS {
         return None;
     }
-    let base = crate::virt_to_phys(core::ptr::addr_of!(lguest_idt_stubs));
+    // Handlers are virtual addresses (where the guest runs them).
+    let base = core::ptr::addr_of!(lguest_idt_stubs) as u64;
     Some(base + STUB_SIZE * u64::from(vector))
 }
 
@@ -486,8 +490,10 @@ pub enum Error {
     NotDeliverable(u8),
     /// There is no such IRQ (0..[`LGUEST_IRQS`]).
     NoSuchIrq(u8),
-    /// The stubs are at or above `lguest_data.reserve_mem`, which the host
-    /// refuses (it never is, for an image linked at 2 MiB).
+    /// The stubs are not at a guest address: at or above
+    /// `lguest_data.reserve_mem` in the lower half, or in the guard hole,
+    /// which the host refuses (they never are, for an image linked at
+    /// 2 MiB or in the top 2 GiB).
     AboveReserveMem(u64),
 }
 
@@ -496,7 +502,7 @@ impl fmt::Display for Error {
         match *self {
             Error::NotDeliverable(v) => write!(f, "vector {v} is not a deliverable exception"),
             Error::NoSuchIrq(n) => write!(f, "no IRQ {n} (there are {LGUEST_IRQS})"),
-            Error::AboveReserveMem(a) => write!(f, "handler {a:#x} is at or above reserve_mem"),
+            Error::AboveReserveMem(a) => write!(f, "handler {a:#x} is not a guest address (reserve_mem, guard hole)"),
         }
     }
 }
@@ -546,7 +552,8 @@ fn load(vector: u8) -> Result<(), Error> {
         return Err(Error::NotDeliverable(vector));
     };
     let reserve = data::reserve_mem();
-    if reserve != 0 && stub + STUB_SIZE > reserve {
+    let upper = stub >= lguest_abi::GUEST_UPPER_START;
+    if !upper && reserve != 0 && stub + STUB_SIZE > reserve {
         return Err(Error::AboveReserveMem(stub));
     }
     // SAFETY: `stub` is the entry stub of `vector` in our text, which stays

@@ -83,13 +83,33 @@ pub use smoltcp;
 #[cfg(feature = "virtio")]
 pub use virtio_drivers;
 
-/// The guest-physical address of a guest-virtual one.
+/// The guest-physical address of a guest-virtual one: of a static, the
+/// stack or anything else in the image, or of RAM, which every mode maps
+/// with virtual = physical too.
 ///
-/// In this boot mode the launcher maps all of RAM with virtual = physical,
-/// and the guest never changes its page tables, so this is the identity. It
-/// marks every place that hands the host an address, for the day the guest
-/// runs on its own page tables.
+/// An image linked where it is loaded (2 MiB, the default) runs at
+/// virtual = physical. One linked in the top 2 GiB (a sample whose build
+/// script sets `LGUEST_KERNEL_BASE`, see `lguest-guest.ld`) has every
+/// static at [`kernel_base`] plus its physical address, as Linux has its
+/// image at `__START_KERNEL_map` plus its physical address.
 #[inline]
 pub fn virt_to_phys<T>(p: *const T) -> u64 {
-    p as u64
+    let va = p as u64;
+    let base = kernel_base();
+    if base != 0 && va >= base {
+        va - base
+    } else {
+        va
+    }
+}
+
+/// Where the image is linked minus where it is loaded: 0, or
+/// `0xffffffff80000000` for an image linked in the top 2 GiB.
+#[inline]
+pub fn kernel_base() -> u64 {
+    extern "C" {
+        /// An absolute symbol of lguest-guest.ld.
+        static __kernel_base: u8;
+    }
+    core::ptr::addr_of!(__kernel_base) as u64
 }

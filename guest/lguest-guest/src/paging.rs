@@ -16,7 +16,10 @@
 //! [`AddressSpace`]: its intermediate tables are created present, writable
 //! and user (`P|RW|US`), so the leaf entry alone says what an access may do
 //! (unless [`AddressSpace::set_entry`] says otherwise, as the access test
-//! does). The upper half is never used (the host's switcher lives there).
+//! does). The upper half is unused, except for an image linked in the top
+//! 2 GiB ([`crate::kernel_base`]): there top-level entry 511 maps RAM's first
+//! 2 GiB again at that base, through the kernel map's own page
+//! directories, in every address space.
 //!
 //! # Telling the host
 //!
@@ -167,6 +170,10 @@ impl core::fmt::Display for Error {
 
 /// The kernel's page-directory-pointer table (0: not built yet).
 static KERNEL_PDPT: AtomicU64 = AtomicU64::new(0);
+/// For an image linked in the top 2 GiB: the table behind top-level entry
+/// 511, mapping RAM's first 2 GiB again at [`crate::kernel_base`] (the
+/// kernel map's own page directories); 0 otherwise.
+static KERNEL_PDPT_HIGH: AtomicU64 = AtomicU64::new(0);
 /// The root the host runs us on (0: the launcher's linear map).
 static ACTIVE_ROOT: AtomicU64 = AtomicU64::new(0);
 /// Hypercalls made by this module, by kind, for the statistics.
@@ -234,6 +241,15 @@ pub fn init_kernel() -> Result<(), Error> {
                 }
             }
         }
+    }
+    let base = crate::kernel_base();
+    if base != 0 {
+        // The image runs at base + its physical address: entries 510 and
+        // 511 of the top 512 GiB are the first two GiB of RAM.
+        let high = new_table()?;
+        set(high, index(base, 3), get(pdpt, 0));
+        set(high, index(base, 3) + 1, get(pdpt, 1));
+        KERNEL_PDPT_HIGH.store(high, Ordering::Release);
     }
     KERNEL_PDPT.store(pdpt, Ordering::Release);
     Ok(())
@@ -385,6 +401,10 @@ impl AddressSpace {
         let root = new_table()?;
         if kernel != 0 {
             set(root, 0, kernel | P | RW);
+        }
+        let high = KERNEL_PDPT_HIGH.load(Ordering::Acquire);
+        if high != 0 {
+            set(root, 511, high | P | RW);
         }
         Ok(Self { root })
     }

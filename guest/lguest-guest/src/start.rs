@@ -8,6 +8,17 @@
 //! of that), switches to a 64 KiB stack in .bss and calls `lguest_start`,
 //! which [`entry!`](macro@crate::entry) defines in the guest binary as a call of
 //! [`boot`] with the guest's `main`. Nothing here uses the incoming stack.
+//!
+//! An image linked in the top 2 GiB ([`crate::kernel_base`] not 0) is
+//! entered at its physical address too, on the launcher's linear map, which
+//! has no upper half. Before anything that needs its link address, `_start`
+//! builds boot page tables in .bss (`lguest_boot_tables`: RAM from 2 MiB up
+//! at virtual = physical, and its first 2 GiB again at the kernel base; 2 MiB
+//! pages, the last partial one in 4 KiB pages), switches to them with
+//! `LHCALL_NEW_PGTABLE` (the one hypercall the host takes before
+//! `LHCALL_LGUEST_INIT`), and jumps to where it is linked, as Linux's
+//! `startup_64` does. [`crate::paging`] keeps the same upper mapping in
+//! every address space it makes.
 
 use core::arch::global_asm;
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +35,12 @@ pub const STACK_SIZE: usize = 64 * 1024;
 // The `call` leaves RSP 8 below a 16-byte boundary, as the ABI wants at a
 // function's entry. `ud2` marks the impossible return.
 global_asm!(
+    ".pushsection .bss.lguest_boot_tables, \"aw\", @nobits",
+    ".balign 4096",
+    "lguest_boot_tables:",
+    ".skip 8 * 4096",
+    ".popsection",
+    "",
     ".pushsection .bss.lguest_stack, \"aw\", @nobits",
     ".balign 16",
     "lguest_stack_bottom:",
@@ -43,7 +60,65 @@ global_asm!(
     "    sub rcx, rdi",
     "    xor eax, eax",
     "    rep stosb",
-    "    lea rsp, [rip + lguest_stack_top]",
+    // Where we run minus where we are linked: 0, or the kernel base.
+    "    lea rax, [rip + _start]",
+    "    movabs rcx, offset _start",
+    "    sub rcx, rax",
+    "    jz 3f",
+    // r8: 8 pages: PML4, PDPT low, PDPT high, the tail's page table, 4 PDs.
+    "    lea r8, [rip + lguest_boot_tables]",
+    "    lea rax, [r8 + 0x1003]",
+    "    mov [r8], rax",
+    "    lea rax, [r8 + 0x2003]",
+    "    mov [r8 + 8 * 511], rax",
+    "    lea rax, [r8 + 0x4003]",
+    "    mov [r8 + 0x1000], rax",
+    "    mov [r8 + 0x2000 + 8 * 510], rax",
+    "    add rax, 0x1000",
+    "    mov [r8 + 0x1008], rax",
+    "    mov [r8 + 0x2000 + 8 * 511], rax",
+    "    add rax, 0x1000",
+    "    mov [r8 + 0x1010], rax",
+    "    add rax, 0x1000",
+    "    mov [r8 + 0x1018], rax",
+    // r9: the end of what is mapped, RAM's (at most 4 GiB).
+    "    mov r9, r13",
+    "    mov r10, 0x100000000",
+    "    cmp r9, r10",
+    "    cmova r9, r10",
+    // 2 MiB pages from 2 MiB while a whole one fits (P, RW, PS).
+    "    mov r10, 0x200000",
+    "1:  lea rax, [r10 + 0x200000]",
+    "    cmp rax, r9",
+    "    ja 2f",
+    "    mov rax, r10",
+    "    shr rax, 21",
+    "    lea rdx, [r10 + 0x83]",
+    "    mov [r8 + 0x4000 + rax * 8], rdx",
+    "    add r10, 0x200000",
+    "    jmp 1b",
+    // The rest, in 4 KiB pages of one page table.
+    "2:  cmp r10, r9",
+    "    jae 4f",
+    "    mov rax, r10",
+    "    shr rax, 21",
+    "    lea rdx, [r8 + 0x3003]",
+    "    mov [r8 + 0x4000 + rax * 8], rdx",
+    "5:  mov rax, r10",
+    "    shr rax, 12",
+    "    and eax, 511",
+    "    lea rdx, [r10 + 3]",
+    "    mov [r8 + 0x3000 + rax * 8], rdx",
+    "    add r10, 0x1000",
+    "    cmp r10, r9",
+    "    jb 5b",
+    "4:  mov eax, {new_pgtable}",
+    "    mov rdi, r8",
+    "    int 0x1f",
+    "    lea rax, [rip + 3f]",
+    "    add rax, rcx",
+    "    jmp rax",
+    "3:  lea rsp, [rip + lguest_stack_top]",
     "    xor ebp, ebp",
     "    mov rdi, r12",
     "    mov rsi, r13",
@@ -52,6 +127,7 @@ global_asm!(
     ".size _start, . - _start",
     ".popsection",
     stack_size = const STACK_SIZE,
+    new_pgtable = const lguest_abi::LHCALL_NEW_PGTABLE,
 );
 
 /// The Rust side of boot, called from the guest's `lguest_start` (see

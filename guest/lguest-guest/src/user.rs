@@ -400,8 +400,9 @@ pub fn init() -> Result<(), Error> {
     if SYSCALLS.load(Ordering::Relaxed) == 0 {
         set_syscalls(&DEFAULT_SYSCALLS);
     }
-    let top = crate::virt_to_phys(KERNEL_STACK.get()) + KERNEL_STACK_SIZE as u64;
-    let entry = crate::virt_to_phys(ptr::addr_of!(lguest_syscall_entry));
+    // Virtual addresses: the host pushes frames and jumps there.
+    let top = KERNEL_STACK.get() as u64 + KERNEL_STACK_SIZE as u64;
+    let entry = ptr::addr_of!(lguest_syscall_entry) as u64;
     // SAFETY: the stack is a static used only for entries from user mode;
     // the entry is our code. Neither moves.
     unsafe {
@@ -420,7 +421,7 @@ pub fn init() -> Result<(), Error> {
 /// to user mode so. Without it a user-mode `syscall` is #UD. [`init`]
 /// registers it.
 pub fn set_syscall_entry(on: bool) {
-    let entry = if on { crate::virt_to_phys(ptr::addr_of!(lguest_syscall_entry)) } else { 0 };
+    let entry = if on { ptr::addr_of!(lguest_syscall_entry) as u64 } else { 0 };
     // SAFETY: the entry is our code, which does not move.
     unsafe { hcall(LHCALL_SET_SYSCALL, entry, 0, 0, 0) };
 }

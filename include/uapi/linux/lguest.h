@@ -65,7 +65,8 @@ struct lguest_run {
 	__u64 stat_hypercalls;
 	__u64 stat_shadow_pages;
 	__u64 stat_fpu_entries;	/* entries with the guest's FPU state loaded */
-	__u64 reserved[8];
+	__u64 stat_global_flushes;	/* entries that flushed the host's global TLB entries */
+	__u64 reserved[7];
 	__u8 message[LGUEST_MESSAGE_LEN];	/* NUL-terminated */
 };
 
@@ -104,6 +105,7 @@ struct lguest_ioeventfd {
 #define LGUEST_LOAD_MIN		0x100000
 /* The end of the guest-virtual addresses a guest may map and run at. */
 #define LGUEST_GUEST_VA_END	0x7ffffffff000ULL
+#define LGUEST_GUEST_UPPER_START	0xffff880000000000ULL
 #define LGUEST_GUEST_CS		0x33
 #define LGUEST_GUEST_SS		0x2b
 #define LGUEST_USER_CS		0x3b	/* marks frames from guest user mode */

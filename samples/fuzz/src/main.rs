@@ -78,7 +78,7 @@ use lguest_guest::abi::{
     LHCALL_NEW_PGTABLE, LHCALL_NOTIFY, LHCALL_SEND_INTERRUPTS, LHCALL_SET_CLOCKEVENT, LHCALL_SET_PGD, LHCALL_SET_PMD,
     LHCALL_SET_PTE, LHCALL_SET_STACK, LHCALL_SHUTDOWN, LHCALL_TS, X86_EFLAGS_IF,
 };
-use lguest_guest::abi::GUEST_VA_END;
+use lguest_guest::abi::{GUEST_UPPER_START, GUEST_VA_END};
 use lguest_guest::interrupts::{self, GATE_INTERRUPT, GATE_TRAP};
 use lguest_guest::{clock, crash, crash_fmt, data, entry, paravirt, poweroff_fmt, println, Args};
 
@@ -656,7 +656,9 @@ impl Fuzz {
                 1 => self.rng.pick(&[1 << 47, GUEST_VA_END + 8]),
                 _ => {
                     let high = (1 << 47) + self.rng.below(1 << 40);
-                    self.rng.pick(&[u64::MAX, 0xffff_8000_0000_0000, high])
+                    // The guard hole and non-canonical addresses: the top
+                    // of the upper half is the guest's.
+                    self.rng.pick(&[GUEST_UPPER_START - 8, 0xffff_8000_0000_0000, high])
                 }
             };
             announce(format_args!("SET_STACK({stack:#x})"), format_args!("SET_STACK: bad kernel stack {stack:#x}"));
@@ -697,8 +699,9 @@ impl Fuzz {
                 let v = good_vector(&mut self.rng);
                 let h = match self.rng.below(3) {
                     0 => self.rng.pick(&[1 << 47, GUEST_VA_END, GUEST_VA_END + 0x800]),
-                    1 => self.rng.pick(&[u64::MAX, 0xffff_8000_0000_0000, 0x8000_0000_0000_0000]),
-                    _ => self.rng.next() | (1 << 47),
+                    1 => self.rng.pick(&[GUEST_UPPER_START - 16, 0xffff_8000_0000_0000, 0x8000_0000_0000_0000]),
+                    // Non-canonical: bit 47 set, bit 63 clear.
+                    _ => (self.rng.next() | (1 << 47)) & !(1 << 63),
                 };
                 IdtReason::BadHandler([v, h, gate])
             }

@@ -647,6 +647,14 @@ fn fail(what: core::fmt::Arguments<'_>) -> ! {
 }
 
 fn main(args: Args) -> ! {
+    if lguest_guest::kernel_base() != 0 {
+        // `user-upper`: say where it runs (the test checks it).
+        println!(
+            "user: linked at {:#x}, main at {:#x}",
+            lguest_guest::kernel_base(),
+            main as fn(Args) -> ! as usize
+        );
+    }
     frames::init_free_ram();
     if let Err(e) = paging::init_kernel() {
         fail(format_args!("kernel map: {e}"));

@@ -1340,7 +1340,7 @@ impl Fuzz {
         let mut expect = self.regs_expect(f, seen);
         if expect == OK {
             let s = seen.map(|s| s.regs).unwrap_or_default();
-            if s.rip >= abi::GUEST_VA_END || s.rsp > abi::GUEST_VA_END {
+            if !abi::guest_va_ok(s.rip) || !abi::guest_sp_ok(s.rsp) {
                 expect = b(EINVAL);
             }
         }
@@ -2477,11 +2477,11 @@ fn thread_b(r: &Round, plan: &RoundPlan, mut rng: Rng) -> Stats {
                 }
                 match rng.below(1000) {
                     1..=30 => {
-                        regs.rip = rng.pick(&[TOP, abi::GUEST_VA_END, u64::MAX, KERNEL_ADDRS[2]]);
+                        regs.rip = rng.pick(&[TOP, abi::GUEST_VA_END, 1 << 47, abi::GUEST_UPPER_START - 1]);
                         e = b(EINVAL);
                     }
                     31..=60 => {
-                        regs.rsp = rng.pick(&[TOP, abi::GUEST_VA_END + 8, u64::MAX, KERNEL_ADDRS[0]]);
+                        regs.rsp = rng.pick(&[TOP, abi::GUEST_VA_END + 8, 1 << 47, 0xffff_8000_0000_1000]);
                         e = b(EINVAL);
                     }
                     _ => {}

@@ -1092,10 +1092,18 @@ fn regs_roundtrip() -> TestResult {
     check_eq!(back.regs.r15, 0xf00d, "r15");
     check_eq!(back.regs.rsp, 0x20_0000, "rsp");
     check_eq!(back.regs.rflags, 0x202 | 0x400 | 0x1, "rflags (clamped)");
+    // The upper half is the guest's from GUEST_UPPER_START on: a kernel
+    // RIP there is taken (upper_half has the rest); the guard hole below it
+    // and non-canonical values are not.
+    let mut upper = back;
+    upper.regs.rip = 0xffff_ffff_8100_0000;
+    upper.regs.rsp = 0xffff_8880_0000_0000;
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_SET_REGS, &mut upper), Ok(0), "upper-half rip and rsp");
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_SET_REGS, &mut back), Ok(0), "SET_REGS back");
     for (what, rip, rsp) in [
         ("non-canonical rip", 0x8000_0000_0000u64, 0x20_0000u64),
-        ("kernel rip", 0xffff_ffff_8100_0000, 0x20_0000),
-        ("kernel rsp", CODE, 0xffff_8880_0000_0000),
+        ("guard-hole rip", 0xffff_8000_0000_1000, 0x20_0000),
+        ("guard-hole rsp", CODE, 0xffff_87ff_ffff_f000),
     ] {
         let mut bad = back;
         bad.regs.rip = rip;
@@ -1732,6 +1740,183 @@ fn last_guest_page() -> TestResult {
     Ok(())
 }
 
+// A guest for the upper-half test, on the tables `write_upper_tables`
+// makes at 0x300000. It reports NOTIFY(1) at its low address, jumps to its
+// alias in the top 2 GiB (stack too) and reports NOTIFY(its RIP there),
+// writes a word through the top alias and reads it back through the low
+// one (NOTIFY(it)), reads it through the lowest upper-half alias a guest
+// may use, GUEST_UPPER_START (NOTIFY(it)), takes int3 into a handler at its
+// top alias (NOTIFY(0x33)), and last reads through the guard hole, which
+// its own tables map too: never for the guest, so it is killed for a
+// not-present page fault there.
+core::arch::global_asm!(
+    ".pushsection .rodata.lguest_guest_upper, \"a\"",
+    ".globl lguest_guest_upper_start",
+    ".globl lguest_guest_upper_end",
+    "lguest_guest_upper_start:",
+    "mov esp, 0x1f0000",
+    "mov eax, 1",
+    "mov edi, 0x180000",
+    "int 0x1f",
+    "mov eax, 4",
+    "mov edi, 0x300000",
+    "int 0x1f",
+    "mov eax, 17",
+    "mov edi, 0x181000",
+    "mov esi, 1",
+    "int 0x1f",
+    "movabs rcx, 0xffffffff80000000",
+    "lea rax, [rip + 2f]",
+    "add rax, rcx",
+    "jmp rax",
+    "2: add rsp, rcx",
+    "lea rsi, [rip]",
+    "mov eax, 17",
+    "mov edi, 0x181000",
+    "int 0x1f",
+    "movabs rdx, 0xffffffff801c0000",
+    "mov qword ptr [rdx], 0x5a5a",
+    "mov rsi, qword ptr [0x1c0000]",
+    "mov eax, 17",
+    "mov edi, 0x181000",
+    "int 0x1f",
+    "movabs rdx, 0xffff8800001c0000",
+    "mov rsi, qword ptr [rdx]",
+    "mov eax, 17",
+    "mov edi, 0x181000",
+    "int 0x1f",
+    "lea rsi, [rip + 5f]",
+    "mov eax, 6",
+    "mov edi, 3",
+    "mov edx, 0xe",
+    "int 0x1f",
+    "int3",
+    "3: jmp 3b",
+    "5: mov eax, 17",
+    "mov edi, 0x181000",
+    "mov esi, 0x33",
+    "int 0x1f",
+    "movabs rdx, 0xffff8000001c0000",
+    "mov rsi, qword ptr [rdx]",
+    "4: jmp 4b",
+    "lguest_guest_upper_end:",
+    ".popsection",
+);
+
+extern "C" {
+    static lguest_guest_upper_start: u8;
+    static lguest_guest_upper_end: u8;
+}
+
+/// The top 2 GiB alias of the upper-half test: guest-virtual minus
+/// guest-physical.
+const UPPER_ALIAS: u64 = 0xffff_ffff_8000_0000;
+/// The guard hole's first address, and the lowest upper-half one a guest
+/// may use.
+const GUARD_HOLE: u64 = 0xffff_8000_0000_0000;
+
+/// Page tables at 0x300000: 1-2 MiB identity-mapped (code, data, stack),
+/// and the same pages (one page table) at UPPER_ALIAS + their address, in
+/// the guard hole (GUARD_HOLE + their address) and at GUEST_UPPER_START +
+/// their address.
+fn write_upper_tables(mem: &Mapping) {
+    let e = |at: u64, v: u64| mem.put::<u64>(at as usize, v);
+    const P: u64 = 1;
+    const RW: u64 = 2;
+    let (pml4, pdpt, pd, pt) = (0x30_0000u64, 0x30_1000u64, 0x30_2000u64, 0x30_3000u64);
+    let (pdpt_hi, pd_hi, pdpt_hole, pd_hole) = (0x30_4000u64, 0x30_5000u64, 0x30_6000u64, 0x30_7000u64);
+    e(pml4, pdpt | P | RW);
+    e(pdpt, pd | P | RW);
+    e(pd, pt | P | RW);
+    for page in 0x100u64..0x200 {
+        e(pt + 8 * page, (page << 12) | P | RW);
+    }
+    e(pml4 + 8 * 511, pdpt_hi | P | RW);
+    e(pdpt_hi + 8 * 510, pd_hi | P | RW);
+    e(pd_hi, pt | P | RW);
+    e(pml4 + 8 * 256, pdpt_hole | P | RW);
+    e(pdpt_hole, pd_hole | P | RW);
+    e(pd_hole, pt | P | RW);
+    e(pml4 + 8 * 272, pdpt | P | RW);
+}
+
+/// A guest kernel in the upper half: it runs, takes a trap into a handler
+/// and reads and writes memory in the top 2 GiB, where every x86-64 kernel
+/// is linked (and where the host's own kernel is: the switcher is not
+/// there but in the guard hole), and at the lowest upper-half address it
+/// may use; from its first upper-half mapping on, every entry flushes the
+/// host's global TLB entries (counted in the run page); the guard hole is
+/// never mapped for it, whatever its tables say, and neither a handler,
+/// a kernel stack nor registers may point there.
+fn upper_half() -> TestResult {
+    // SAFETY: the symbols delimit the blob assembled above.
+    let code =
+        unsafe { blob(std::ptr::addr_of!(lguest_guest_upper_start), std::ptr::addr_of!(lguest_guest_upper_end)) };
+    let vm = TestVm::new(&code)?;
+    write_upper_tables(&vm.mem);
+    let flushes = |vm: &TestVm| vm.run_page().read::<u64>(64);
+    let note = |vm: &TestVm, what: &str| -> Result<u64, t::NotPassed> {
+        check_eq!(vm.run(), Ok(0), format!("{what}: RUN"));
+        check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_NOTIFY, format!("{what}: exit ({})", vm.message()));
+        Ok(vm.run_page().read::<u64>(16))
+    };
+    check_eq!(note(&vm, "low")?, 1, "NOTIFY at the low address");
+    check_eq!(flushes(&vm), 0, "global flushes before any upper-half mapping");
+    let rip = note(&vm, "top alias")?;
+    check!(
+        rip >= UPPER_ALIAS + CODE && rip < UPPER_ALIAS + CODE + code.len() as u64,
+        "RIP {rip:#x} reported from the top alias"
+    );
+    let after_jump = flushes(&vm);
+    check!(after_jump >= 1, "global flushes once the guest runs in the upper half: {after_jump}");
+    check_eq!(note(&vm, "write")?, 0x5a5a, "word written through the top alias, read through the low one");
+    check_eq!(note(&vm, "GUEST_UPPER_START")?, 0x5a5a, "word read at GUEST_UPPER_START + 0x1c0000");
+    check_eq!(note(&vm, "int3")?, 0x33, "int3 handler in the top alias");
+    let mut r = abi::LguestVcpuRegs::default();
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_GET_REGS, &mut r), Ok(0), "GET_REGS");
+    check!(r.regs.rip >= UPPER_ALIAS + CODE, "the handler's RIP {:#x} is in the top alias", r.regs.rip);
+    check!(flushes(&vm) > after_jump, "global flushes go on: {} after {after_jump}", flushes(&vm));
+    let (msg, notes) = run_to_kill(&vm, 4)?;
+    println!(
+        "# killed: {msg}; {} global flushes in {} exits",
+        flushes(&vm),
+        vm.run_page().read::<u64>(32)
+    );
+    check!(msg.contains("page fault at 0xffff8000001c0000 (error 0x0)"), "guard-hole read: {msg:?}");
+    check!(notes.is_empty(), "NOTIFYs after the handler's: {notes:x?}");
+
+    // A handler, a kernel stack or a RIP in the guard hole kills the guest
+    // or is refused; at GUEST_UPPER_START and in the top 2 GiB they are
+    // the guest's.
+    let end = abi::GUEST_VA_END;
+    for (r12, r13, want) in [
+        (1, GUARD_HOLE + 0x1000, "LOAD_IDT_ENTRY: handler 0xffff800000001000"),
+        (1, abi::GUEST_UPPER_START - 8, "LOAD_IDT_ENTRY: handler 0xffff87fffffffff8"),
+        (2, GUARD_HOLE + 0x1000, "SET_STACK: bad kernel stack"),
+    ] {
+        let vm = top_vm(&[], end, r12, r13)?;
+        let (msg, _) = run_to_kill(&vm, 4)?;
+        check!(msg.contains(want), "kill message {msg:?}, wanted {want:?}");
+    }
+    let vm = TestVm::new(GUEST_OK)?;
+    for (rip, rsp, ok) in [
+        (GUARD_HOLE, 0x17_0000, false),
+        (abi::GUEST_UPPER_START - 1, 0x17_0000, false),
+        (abi::GUEST_UPPER_START, 0x17_0000, true),
+        (UPPER_ALIAS + CODE, UPPER_ALIAS + 0x1f_0000, true),
+        (CODE, GUARD_HOLE + 0x1000, false),
+        (u64::MAX, 0, true),
+    ] {
+        let mut r = abi::LguestVcpuRegs::default();
+        check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_GET_REGS, &mut r), Ok(0), "GET_REGS");
+        r.regs.rip = rip;
+        r.regs.rsp = rsp;
+        let got = t::ioctl_ptr(&vm.f, abi::LGUEST_SET_REGS, &mut r);
+        check_eq!(got.is_ok(), ok, format!("SET_REGS rip {rip:#x} rsp {rsp:#x}: {got:?}"));
+    }
+    Ok(())
+}
+
 /// The start of `struct perf_event_attr` (PERF_ATTR_SIZE_VER1), enough for
 /// a hardware breakpoint.
 #[repr(C)]
@@ -1960,6 +2145,7 @@ fn main() -> ExitCode {
         ("ioeventfd_kicks", ioeventfd_kicks),
         ("kicks_100000", kicks_100000),
         ("last_guest_page", last_guest_page),
+        ("upper_half", upper_half),
         ("mov_ss_and_tf", mov_ss_and_tf),
         ("second_thread_during_run", second_thread_during_run),
         ("fpu_state", fpu_state),
