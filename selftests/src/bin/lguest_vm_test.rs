@@ -1877,11 +1877,7 @@ fn upper_half() -> TestResult {
     check!(r.regs.rip >= UPPER_ALIAS + CODE, "the handler's RIP {:#x} is in the top alias", r.regs.rip);
     check!(flushes(&vm) > after_jump, "global flushes go on: {} after {after_jump}", flushes(&vm));
     let (msg, notes) = run_to_kill(&vm, 4)?;
-    println!(
-        "# killed: {msg}; {} global flushes in {} exits",
-        flushes(&vm),
-        vm.run_page().read::<u64>(32)
-    );
+    println!("# killed: {msg}; {} global flushes in {} exits", flushes(&vm), vm.run_page().read::<u64>(32));
     check!(msg.contains("page fault at 0xffff8000001c0000 (error 0x0)"), "guard-hole read: {msg:?}");
     check!(notes.is_empty(), "NOTIFYs after the handler's: {notes:x?}");
 
