@@ -176,6 +176,13 @@ pub fn errno() -> i32 {
     io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
+/// The address of `sym` from /proc/kallsyms (root sees real addresses).
+pub fn kallsyms(sym: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/kallsyms").ok()?;
+    let line = text.lines().find(|l| l.split_whitespace().nth(2) == Some(sym))?;
+    u64::from_str_radix(line.split_whitespace().next()?, 16).ok().filter(|&a| a != 0)
+}
+
 /// The path of `lguest.ko` for the load tests (`$LGUEST_KO`, else
 /// `/lib/modules/lguest.ko`), if it exists.
 pub fn module_path() -> Option<String> {

@@ -142,13 +142,6 @@ fn bad_hypercall() -> TestResult {
     Ok(())
 }
 
-/// The address of `sym` from /proc/kallsyms (root sees real addresses).
-fn kallsyms(sym: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/kallsyms").ok()?;
-    let line = text.lines().find(|l| l.split_whitespace().nth(2) == Some(sym))?;
-    u64::from_str_radix(line.split_whitespace().next()?, 16).ok().filter(|&a| a != 0)
-}
-
 fn umip() -> bool {
     std::fs::read_to_string("/proc/cpuinfo").map(|s| s.contains(" umip")).unwrap_or(false)
 }
@@ -242,7 +235,8 @@ fn privileged_instructions() -> TestResult {
 /// as the guest kernel did it), never an access. The switcher's address in
 /// the module, and host kernel addresses, are not mapped at all.
 fn switcher_unreachable() -> TestResult {
-    let (Some(func), Some(start)) = (kallsyms("lguest_switch_to_guest"), kallsyms("lguest_switcher_start")) else {
+    let (Some(func), Some(start)) = (t::kallsyms("lguest_switch_to_guest"), t::kallsyms("lguest_switcher_start"))
+    else {
         skip!("lguest_switch_to_guest or lguest_switcher_start not in /proc/kallsyms");
     };
     // The guest sees the switcher in its alias, the guard hole's first
