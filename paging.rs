@@ -29,7 +29,7 @@
 //! every root (a table may be shared), `LHCALL_SET_PMD`, `LHCALL_SET_PGD`,
 //! `LHCALL_FLUSH_TLB` and `LHCALL_NEW_PGTABLE` of the current root drop
 //! every shadow. The number of shadow table pages is bounded: past
-//! `shadow::MAX_SHADOW_PAGES` (all roots together) the cached roots are dropped,
+//! `shadow::budget_for` (all roots together) the cached roots are dropped,
 //! then the current one, so a guest cannot make the host allocate without
 //! bound.
 //!

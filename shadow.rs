@@ -8,7 +8,8 @@
 //! user mode's view (see `paging.rs`). [`Shadows`] is the VM's set: the
 //! current pair, up to [`ROOT_CACHE`] pairs of other guest roots (so a
 //! guest context switch does not start from an empty table), and the
-//! budget of [`MAX_SHADOW_PAGES`] table pages over all of them. `paging.rs`
+//! budget of table pages over all of them ([`budget_for`]: it scales with
+//! guest memory). `paging.rs`
 //! decides what to map; this file only holds and bounds the tables. Used
 //! with the VM's lock held.
 
@@ -140,9 +141,20 @@ impl ShadowTable {
     }
 }
 
-/// Shadow table pages (all roots together, the switcher's excluded) beyond
-/// which the cached roots are dropped, then the current pair refilled.
+/// The least shadow budget: table pages (all roots together) beyond which
+/// the cached roots are dropped, then the current pair refilled.
 pub(crate) const MAX_SHADOW_PAGES: usize = 4096;
+
+/// A VM's shadow budget: [`MAX_SHADOW_PAGES`], plus 4
+/// table pages for every 2 MiB of guest memory (RAM and device window),
+/// which is what mapping all of it 4 KiB by 4 KiB costs, in leaf tables,
+/// in both views of two roots (a guest kernel's direct map, say, touched
+/// from two address spaces). A 4 GiB guest gets 12288 pages (48 MiB, 1.2%
+/// of its memory); the tables are charged to the launcher's memory cgroup.
+pub(crate) fn budget_for(mem_bytes: u64) -> usize {
+    let two_mib = mem_bytes.div_ceil(2 << 20) as usize;
+    MAX_SHADOW_PAGES + 4 * two_mib
+}
 
 /// The shadow tables of one guest root: the guest kernel's view (every
 /// mapping of the guest's tables) and guest user mode's view (only pages
@@ -200,6 +212,8 @@ pub(crate) struct Shadows {
     roots: KVec<CachedRoot>,
     /// Counts root switches (the clock of `CachedRoot::stamp`).
     switches: u64,
+    /// Table pages all shadows together may hold ([`budget_for`]).
+    budget: usize,
     /// The guest's own top-level page table (guest-physical), once it gave
     /// one with `LHCALL_NEW_PGTABLE`; until then the linear map.
     guest_root: Option<u64>,
@@ -209,12 +223,14 @@ pub(crate) struct Shadows {
 }
 
 impl Shadows {
-    /// An empty current pair (the switcher mapped), on the linear map.
-    pub(crate) fn new() -> Result<Self> {
+    /// An empty current pair, on the linear map, with a budget of
+    /// `budget` table pages.
+    pub(crate) fn new(budget: usize) -> Result<Self> {
         Ok(Self {
             current: ShadowPair::new()?,
             roots: KVec::new(),
             switches: 0,
+            budget,
             guest_root: None,
             upper: false,
         })
@@ -288,13 +304,13 @@ impl Shadows {
 
     /// Maps guest-virtual page `va` in the current pair, in the user table
     /// (guest user mode's view) or the kernel table. All shadows together
-    /// stay below [`MAX_SHADOW_PAGES`] table pages: past it the cached
-    /// roots go, then the current pair starts over.
+    /// stay below the budget: past it the cached roots go, then the current
+    /// pair starts over.
     pub(crate) fn map(&mut self, va: u64, pte: u64, user_view: bool) -> Result {
         let cached: usize = self.roots.iter().map(|c| c.pair.guest_pages()).sum();
-        if cached + self.current.guest_pages() >= MAX_SHADOW_PAGES {
+        if cached + self.current.guest_pages() >= self.budget {
             self.roots.clear();
-            if self.current.guest_pages() >= MAX_SHADOW_PAGES {
+            if self.current.guest_pages() >= self.budget {
                 self.reset()?;
             }
         }

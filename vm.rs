@@ -156,7 +156,7 @@ impl Vm {
     /// builds the first shadow pair.
     fn pin_and_map(base: u64, size: u64) -> Result<(GuestMemory, Shadows)> {
         let mem = GuestMemory::pin(base, size)?;
-        let mut shadows = Shadows::new()?;
+        let mut shadows = Shadows::new(crate::shadow::budget_for(size))?;
         // The initial linear map: guest-virtual = guest-physical for RAM
         // above the first megabyte (so that null pointers fault) and the
         // device window.
