@@ -59,6 +59,7 @@ fn name(nr: u64) -> &'static str {
         uapi::LHCALL_SET_SYSCALL => "SET_SYSCALL",
         uapi::LHCALL_SET_SEGMENT_BASE => "SET_SEGMENT_BASE",
         uapi::LHCALL_IRET => "IRET",
+        uapi::LHCALL_INVLPG => "INVLPG",
         _ => "unknown",
     }
 }
@@ -153,9 +154,13 @@ fn dispatch(cx: &mut Ctx<'_>, a: &HcallArgs, in_ring: bool) -> Result<Option<Use
         }
         uapi::LHCALL_NEW_PGTABLE => paging::new_pgtable(cx, a.arg1).map(|()| None),
         uapi::LHCALL_SET_PTE => paging::set_pte(cx, a.arg2).map(|()| None),
+        uapi::LHCALL_FLUSH_TLB if cx.shadows.tlb_mode() => {
+            paging::tlb_flush(cx, a.arg1 & 1 != 0).map(|()| None)
+        }
         uapi::LHCALL_FLUSH_TLB | uapi::LHCALL_SET_PMD | uapi::LHCALL_SET_PGD => {
             paging::flush(cx).map(|()| None)
         }
+        uapi::LHCALL_INVLPG => paging::invlpg(cx, a.arg1).map(|()| None),
         uapi::LHCALL_SET_STACK => {
             if a.arg1 == 0 || !uapi::guest_sp_ok(a.arg1) {
                 return kill!("SET_STACK: bad kernel stack {:#x}", a.arg1);
@@ -293,11 +298,14 @@ fn init(cx: &mut Ctx<'_>, gpa: u64, flags: u64) -> Result<(), Kill> {
     if cx.vcpu.lguest_data.is_some() {
         return kill!("LGUEST_INIT called twice");
     }
-    if flags & !uapi::LGUEST_INIT_LINUX_FRAMES != 0 {
+    if flags & !(uapi::LGUEST_INIT_LINUX_FRAMES | uapi::LGUEST_INIT_TLB_SHADOWS) != 0 {
         return kill!("LGUEST_INIT: unknown flags {flags:#x}");
     }
     cx.vcpu.lguest_data = Some(LguestData::register(cx.mem, gpa)?);
     cx.vcpu.linux_frames = flags & uapi::LGUEST_INIT_LINUX_FRAMES != 0;
+    if flags & uapi::LGUEST_INIT_TLB_SHADOWS != 0 && cx.shadows.set_tlb_mode().is_err() {
+        return kill!("out of memory for the shared shadow");
+    }
     Ok(())
 }
 

@@ -63,6 +63,8 @@ use crate::{
 
 /// Page-size bit of PDPT and PD entries.
 const PTE_PS: u64 = 1 << 7;
+/// Global bit of a leaf entry.
+const PTE_G: u64 = 1 << 8;
 /// Page-fault error code bits.
 const PF_PRESENT: u64 = 1;
 const PF_WRITE: u64 = 2;
@@ -120,6 +122,11 @@ pub(crate) fn new_pgtable(cx: &mut Ctx<'_>, gpa: u64) -> Result<(), Kill> {
         return kill!("NEW_PGTABLE: bad page table address {gpa:#x}");
     }
     if cx.shadows.guest_root() == Some(gpa) {
+        // The current root again: a flush, of non-global pages only under
+        // TLB semantics (as a CR3 write without PCIDs).
+        if cx.shadows.tlb_mode() {
+            return tlb_flush(cx, false);
+        }
         return flush(cx);
     }
     if cx.shadows.switch_root(gpa).is_err() {
@@ -136,6 +143,30 @@ pub(crate) fn flush(cx: &mut Ctx<'_>) -> Result<(), Kill> {
     }
     if cx.shadows.reset().is_err() {
         return kill!("out of memory for a new shadow page table");
+    }
+    Ok(())
+}
+
+/// Under TLB semantics, `LHCALL_FLUSH_TLB(global)`: every non-global
+/// mapping goes, and with `global` the shared upper half too.
+pub(crate) fn tlb_flush(cx: &mut Ctx<'_>, global: bool) -> Result<(), Kill> {
+    if cx.shadows.guest_root().is_none() {
+        return Ok(());
+    }
+    if cx.shadows.tlb_flush(global).is_err() {
+        return kill!("out of memory for a new shadow page table");
+    }
+    Ok(())
+}
+
+/// `LHCALL_INVLPG(va)`: under TLB semantics the page's shadow goes from
+/// the current root and the shared upper half; otherwise as `SET_PTE`.
+pub(crate) fn invlpg(cx: &mut Ctx<'_>, va: u64) -> Result<(), Kill> {
+    if !cx.shadows.tlb_mode() {
+        return set_pte(cx, va);
+    }
+    if cx.shadows.guest_root().is_some() && uapi::guest_va_ok(va) {
+        cx.shadows.invlpg(va & !(PAGE_SIZE - 1));
     }
     Ok(())
 }
@@ -274,7 +305,7 @@ pub(crate) fn demand_page(cx: &mut Ctx<'_>, va: u64, error: u64) -> Result<Fault
     }
     if cx
         .shadows
-        .map(va & !(PAGE_SIZE - 1), pte, user_mode)
+        .map(va & !(PAGE_SIZE - 1), pte, user_mode, entries[last].1 & PTE_G != 0)
         .is_err()
     {
         return kill!("out of memory for shadow page tables");

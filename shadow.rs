@@ -220,6 +220,58 @@ pub(crate) struct Shadows {
     /// Whether the guest ever had an upper-half page mapped (from then on
     /// every entry flushes the host's global TLB entries).
     upper: bool,
+    /// With TLB semantics (`LGUEST_INIT_TLB_SHADOWS`): the kernel view's
+    /// upper half, shared by every root.
+    tlb: Option<SharedUpper>,
+}
+
+/// The upper half of the kernel view under TLB semantics: one tree whose
+/// top-level entries every root's kernel table copies, so that guest
+/// global pages survive root switches as global TLB entries do. Every
+/// kernel-view upper-half mapping lives here (a root's own table never has
+/// tables below these entries, so dropping a root frees none of them); the
+/// non-global ones are listed, and dropped at the next switch or flush.
+struct SharedUpper {
+    table: ShadowTable,
+    /// Non-global pages mapped since the last switch or flush.
+    nonglobal: KVec<u64>,
+    /// More than [`NONGLOBAL_MAX`] of them: the whole tree goes instead.
+    overflow: bool,
+}
+
+/// Non-global upper-half pages listed before a switch drops the whole
+/// shared tree rather than each of them.
+const NONGLOBAL_MAX: usize = 4096;
+
+/// The top-level entries of the upper half of a 4-level guest: slots 256
+/// to 511 of a 4-level shadow, or slot 511 of a 5-level one (whose table
+/// below holds all of them).
+fn upper_slots(levels: u32) -> core::ops::Range<usize> {
+    if levels == 5 {
+        511..512
+    } else {
+        256..512
+    }
+}
+
+impl SharedUpper {
+    fn new() -> Result<Self> {
+        Ok(Self {
+            table: ShadowTable::new(Switcher::get()?.levels())?,
+            nonglobal: KVec::new(),
+            overflow: false,
+        })
+    }
+
+    /// Makes `kernel`'s upper-half top-level entries this tree's.
+    fn link(&self, kernel: &mut ShadowTable) {
+        for i in upper_slots(self.table.levels) {
+            let e = self.table.top(i);
+            if e != 0 {
+                kernel.set_top(i, e);
+            }
+        }
+    }
 }
 
 impl Shadows {
@@ -233,7 +285,50 @@ impl Shadows {
             budget,
             guest_root: None,
             upper: false,
+            tlb: None,
         })
+    }
+
+    /// Turns on TLB semantics (`LGUEST_INIT_TLB_SHADOWS`), before the guest
+    /// has upper-half mappings (at LGUEST_INIT).
+    pub(crate) fn set_tlb_mode(&mut self) -> Result {
+        self.tlb = Some(SharedUpper::new()?);
+        Ok(())
+    }
+
+    /// Whether the shadows follow TLB semantics.
+    pub(crate) fn tlb_mode(&self) -> bool {
+        self.tlb.is_some()
+    }
+
+    /// TLB semantics: drops every non-global mapping, as a CR3 write does
+    /// (a fresh current pair, linked to the shared upper half, whose listed
+    /// non-global pages go too); with `global`, the shared upper half too.
+    pub(crate) fn tlb_flush(&mut self, global: bool) -> Result {
+        let mut fresh = ShadowPair::new()?;
+        if let Some(t) = self.tlb.as_mut() {
+            if global || t.overflow {
+                *t = SharedUpper::new()?;
+            } else {
+                for &va in t.nonglobal.iter() {
+                    let _ = t.table.set_existing(va, 0);
+                }
+                t.nonglobal.clear();
+            }
+            t.link(&mut fresh.kernel);
+        }
+        self.roots.clear();
+        self.current = fresh;
+        Ok(())
+    }
+
+    /// TLB semantics: `LHCALL_INVLPG(va)`: the page's shadow goes from the
+    /// current pair and from the shared upper half.
+    pub(crate) fn invlpg(&mut self, va: u64) {
+        self.current.unmap(va);
+        if let Some(t) = self.tlb.as_mut() {
+            let _ = t.table.set_existing(va, 0);
+        }
     }
 
     /// Whether the guest has had upper-half mappings.
@@ -267,6 +362,9 @@ impl Shadows {
     /// replaced by empty tables (plus the switcher). The guest's mappings
     /// are refilled on demand.
     pub(crate) fn reset(&mut self) -> Result {
+        if self.tlb.is_some() {
+            return self.tlb_flush(true);
+        }
         let fresh = ShadowPair::new()?;
         self.roots.clear();
         self.current = fresh;
@@ -277,6 +375,13 @@ impl Shadows {
     /// current pair goes to the cache (evicting the least recently used),
     /// and `root`'s cached pair, if any, comes back.
     pub(crate) fn switch_root(&mut self, root: u64) -> Result {
+        if self.tlb.is_some() {
+            // No other root's shadow is kept: a CR3 write flushes.
+            self.tlb_flush(false)?;
+            self.switches += 1;
+            self.guest_root = Some(root);
+            return Ok(());
+        }
         let next = match self.roots.iter().position(|c| c.root == root) {
             Some(i) => self.roots.remove(i).map_err(|_| EINVAL)?.pair,
             None => ShadowPair::new()?,
@@ -306,16 +411,29 @@ impl Shadows {
     /// (guest user mode's view) or the kernel table. All shadows together
     /// stay below the budget: past it the cached roots go, then the current
     /// pair starts over.
-    pub(crate) fn map(&mut self, va: u64, pte: u64, user_view: bool) -> Result {
+    /// `global`: the guest's entry has the global bit (kept across root
+    /// switches under TLB semantics, for the upper half).
+    pub(crate) fn map(&mut self, va: u64, pte: u64, user_view: bool, global: bool) -> Result {
         let cached: usize = self.roots.iter().map(|c| c.pair.guest_pages()).sum();
-        if cached + self.current.guest_pages() >= self.budget {
+        let shared = self.tlb.as_ref().map_or(0, |t| t.table.guest_pages());
+        if cached + shared + self.current.guest_pages() >= self.budget {
             self.roots.clear();
-            if self.current.guest_pages() >= self.budget {
+            if shared + self.current.guest_pages() >= self.budget {
                 self.reset()?;
             }
         }
         let user = PTE_P | PTE_RW | PTE_US;
         self.upper |= va >> 63 != 0;
+        if let (Some(t), false, true) = (self.tlb.as_mut(), user_view, va >> 63 != 0) {
+            t.table.map(va, pte, user)?;
+            if !global {
+                if t.nonglobal.len() >= NONGLOBAL_MAX || t.nonglobal.push(va, GFP_KERNEL).is_err() {
+                    t.overflow = true;
+                }
+            }
+            t.link(&mut self.current.kernel);
+            return Ok(());
+        }
         self.table(user_view).map(va, pte, user)
     }
 
@@ -326,11 +444,16 @@ impl Shadows {
         for c in self.roots.iter_mut() {
             c.pair.unmap(va);
         }
+        if let Some(t) = self.tlb.as_mut() {
+            let _ = t.table.set_existing(va, 0);
+        }
     }
 
     /// Table pages in all shadows (reported in the run page when RUN
     /// returns).
     pub(crate) fn pages(&self) -> usize {
-        self.current.pages() + self.roots.iter().map(|c| c.pair.pages()).sum::<usize>()
+        self.current.pages()
+            + self.roots.iter().map(|c| c.pair.pages()).sum::<usize>()
+            + self.tlb.as_ref().map_or(0, |t| t.table.table_pages())
     }
 }

@@ -372,6 +372,18 @@ pub const LHCALL_LGUEST_INIT: u64 = 1;
 /// [`LHCALL_IRET`], never with `iretq`. Without it, kernel-mode frames
 /// carry [`LGUEST_GUEST_CS`] and user-mode ones [`LGUEST_USER_CS`].
 pub const LGUEST_INIT_LINUX_FRAMES: u64 = 1;
+/// [`LHCALL_LGUEST_INIT`] flag: the shadow page tables follow TLB
+/// semantics instead of the report-every-change contract. A guest may
+/// change its tables without telling the host, and sees the change once
+/// it has flushed as hardware wants: [`LHCALL_INVLPG`] for one page,
+/// [`LHCALL_FLUSH_TLB`] (argument 1: 0 everything but global pages, as a
+/// CR3 reload; 1 everything, global pages included), and
+/// [`LHCALL_NEW_PGTABLE`], which drops every non-global mapping (another
+/// root's shadow is never kept). Upper-half pages whose guest entry has
+/// the global bit (bit 8) are kept across root switches in a kernel-half
+/// shadow that every root shares, until a global flush or an
+/// [`LHCALL_INVLPG`] of that page.
+pub const LGUEST_INIT_TLB_SHADOWS: u64 = 2;
 /// The CS of a frame from guest kernel mode under
 /// [`LGUEST_INIT_LINUX_FRAMES`] (Linux's `__KERNEL_CS`). A marker in the
 /// frame only: the guest kernel really runs with [`LGUEST_GUEST_CS`].
@@ -469,6 +481,12 @@ pub const LHCALL_SET_SEGMENT_BASE: u64 = 22;
 /// other pair, or a RIP or RSP the guest may not run at, kills the guest.
 /// Not allowed in the async ring.
 pub const LHCALL_IRET: u64 = 23;
+/// Hypercall: invalidate the shadow of the page at guest-virtual argument
+/// 1, in the current root and, for an upper-half page, in the shared
+/// kernel half (as `invlpg` drops a global entry too). Without
+/// [`LGUEST_INIT_TLB_SHADOWS`] it is [`LHCALL_SET_PTE`] of that page:
+/// dropped in every root.
+pub const LHCALL_INVLPG: u64 = 24;
 /// [`LHCALL_SET_SEGMENT_BASE`]: the FS base (both modes).
 pub const LGUEST_BASE_FS: u64 = 0;
 /// [`LHCALL_SET_SEGMENT_BASE`]: the GS base of guest kernel mode (the one

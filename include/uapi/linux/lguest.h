@@ -112,6 +112,7 @@ struct lguest_ioeventfd {
 #define LGUEST_KERNEL_CS	0x10	/* kernel-mode frames, LINUX_FRAMES */
 #define LGUEST_KERNEL_SS	0x18
 #define LGUEST_INIT_LINUX_FRAMES	1	/* LHCALL_LGUEST_INIT flag */
+#define LGUEST_INIT_TLB_SHADOWS		2	/* LHCALL_LGUEST_INIT flag */
 #define LGUEST_SYSCALL_VECTOR	0x80
 
 #define LHCALL_FLUSH_ASYNC	0
@@ -135,6 +136,7 @@ struct lguest_ioeventfd {
 #define LHCALL_SET_SYSCALL	21	/* entry of user-mode syscall (0: none) */
 #define LHCALL_SET_SEGMENT_BASE	22	/* LGUEST_BASE_*, a canonical base */
 #define LHCALL_IRET		23	/* frame at RSP: struct lguest_iret */
+#define LHCALL_INVLPG		24	/* guest-virtual address */
 #define LGUEST_BASE_FS		0
 #define LGUEST_BASE_GS		1	/* guest kernel mode's */
 #define LGUEST_BASE_USER_GS	2	/* guest user mode's */

@@ -2025,6 +2025,156 @@ fn host_global_pages() -> TestResult {
     Ok(())
 }
 
+// A guest for the TLB-semantics test, on the tables `write_tlb_tables`
+// makes: root A at 0x1d0000 and root B at 0x1d8000, both mapping 1-2 MiB
+// (code, data, stack, the tables themselves) and sharing one upper half,
+// where 0xffffffff80000000 is a global page (0x1c3000) and the page after
+// it a non-global one (0x1c5000); 0x200000 is 0x1c1000 in A and 0x1c2000 in
+// B. Page 0x1cN000 holds N. It changes its tables without telling the
+// host and reports what it reads (NOTIFY(value)) around INVLPG, root
+// switches and both kinds of FLUSH_TLB.
+core::arch::global_asm!(
+    ".pushsection .rodata.lguest_guest_tlb, \"a\"",
+    ".globl lguest_guest_tlb_start",
+    ".globl lguest_guest_tlb_end",
+    "lguest_guest_tlb_start:",
+    "mov esp, 0x1f0000",
+    "mov eax, 1",
+    "mov edi, 0x180000",
+    "mov esi, 2",
+    "int 0x1f",
+    "mov eax, 4",
+    "mov edi, 0x1d0000",
+    "int 0x1f",
+    "mov rsi, qword ptr [0x200000]",
+    "call 9f",
+    "mov qword ptr [0x1d4000], 0x1c2003",
+    "mov rsi, qword ptr [0x200000]",
+    "call 9f",
+    "mov eax, 24",
+    "mov edi, 0x200000",
+    "int 0x1f",
+    "mov rsi, qword ptr [0x200000]",
+    "call 9f",
+    "movabs rbx, 0xffffffff80000000",
+    "mov rsi, qword ptr [rbx]",
+    "call 9f",
+    "mov rsi, qword ptr [rbx + 0x1000]",
+    "call 9f",
+    "mov qword ptr [0x1d7000], 0x1c4103",
+    "mov qword ptr [0x1d7008], 0x1c6003",
+    "mov eax, 4",
+    "mov edi, 0x1d8000",
+    "int 0x1f",
+    "mov rsi, qword ptr [rbx]",
+    "call 9f",
+    "mov rsi, qword ptr [rbx + 0x1000]",
+    "call 9f",
+    "mov rsi, qword ptr [0x200000]",
+    "call 9f",
+    "mov eax, 5",
+    "mov edi, 1",
+    "int 0x1f",
+    "mov rsi, qword ptr [rbx]",
+    "call 9f",
+    "mov qword ptr [0x1d7000], 0x1c3103",
+    "mov eax, 5",
+    "xor edi, edi",
+    "int 0x1f",
+    "mov rsi, qword ptr [rbx]",
+    "call 9f",
+    "mov eax, 24",
+    "mov rdi, rbx",
+    "int 0x1f",
+    "mov rsi, qword ptr [rbx]",
+    "call 9f",
+    "mov eax, 2",
+    "mov edi, 0x181000",
+    "mov esi, 1",
+    "int 0x1f",
+    "8: jmp 8b",
+    "9: mov eax, 17",
+    "mov edi, 0x181000",
+    "int 0x1f",
+    "ret",
+    "lguest_guest_tlb_end:",
+    ".popsection",
+);
+
+extern "C" {
+    static lguest_guest_tlb_start: u8;
+    static lguest_guest_tlb_end: u8;
+}
+
+/// The tables of the TLB-semantics guest (see its comment), and the values.
+fn write_tlb_tables(mem: &Mapping) {
+    let e = |at: u64, v: u64| mem.put::<u64>(at as usize, v);
+    const P: u64 = 1;
+    const RW: u64 = 2;
+    const G: u64 = 0x100;
+    for (root, pdpt, pd, ptx, frame) in [
+        (0x1d_0000u64, 0x1d_1000u64, 0x1d_2000u64, 0x1d_4000u64, 0x1c_1000u64),
+        (0x1d_8000, 0x1d_9000, 0x1d_a000, 0x1d_b000, 0x1c_2000),
+    ] {
+        e(root, pdpt | P | RW);
+        e(root + 8 * 511, 0x1d_5000 | P | RW);
+        e(pdpt, pd | P | RW);
+        e(pd, 0x1d_3000 | P | RW);
+        e(pd + 8, ptx | P | RW);
+        e(ptx, frame | P | RW);
+    }
+    for page in 0x100u64..0x200 {
+        e(0x1d_3000 + 8 * page, (page << 12) | P | RW);
+    }
+    e(0x1d_5000 + 8 * 510, 0x1d_6000 | P | RW);
+    e(0x1d_6000, 0x1d_7000 | P | RW);
+    e(0x1d_7000, 0x1c_3000 | P | RW | G);
+    e(0x1d_7008, 0x1c_5000 | P | RW);
+    for n in 1..=6u64 {
+        e(0x1c_0000 + n * 0x1000, n);
+    }
+}
+
+/// TLB-semantics shadows (`LGUEST_INIT_TLB_SHADOWS`), against the model of
+/// a TLB that keeps what it has until told: a PTE changed without a report
+/// reads stale until `LHCALL_INVLPG`; a root switch drops non-global pages
+/// (the other root's own mapping, and the upper-half non-global page, read
+/// fresh) but keeps the global one, stale, in the kernel half every root
+/// shares, until `FLUSH_TLB(1)`; `FLUSH_TLB(0)` keeps it too, and `INVLPG`
+/// of it drops it.
+fn tlb_shadows() -> TestResult {
+    // SAFETY: the symbols delimit the blob assembled above.
+    let code = unsafe { blob(std::ptr::addr_of!(lguest_guest_tlb_start), std::ptr::addr_of!(lguest_guest_tlb_end)) };
+    let vm = TestVm::new(&code)?;
+    write_tlb_tables(&vm.mem);
+    let mut notes = Vec::new();
+    for _ in 0..20 {
+        check_eq!(vm.run(), Ok(0), "RUN");
+        match vm.exit_reason() {
+            abi::LGUEST_EXIT_NOTIFY => notes.push(vm.run_page().read::<u64>(16)),
+            abi::LGUEST_EXIT_SHUTDOWN => break,
+            r => fail!("exit reason {r} ({}), notes {notes:?}", vm.message()),
+        }
+    }
+    println!("# reads: {notes:?}");
+    let want: &[u64] = &[
+        1, // A's page
+        1, // changed, not reported: stale
+        2, // after INVLPG
+        3, // the global upper page
+        5, // the non-global one
+        3, // both changed, root switch: the global page kept
+        6, // the non-global one dropped
+        2, // B's own page
+        4, // after FLUSH_TLB(1)
+        4, // changed back, FLUSH_TLB(0): the global page kept
+        3, // after INVLPG of it
+    ];
+    check_eq!(&notes[..], want, "what the guest read");
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_SHUTDOWN, "exit");
+    Ok(())
+}
+
 /// The start of `struct perf_event_attr` (PERF_ATTR_SIZE_VER1), enough for
 /// a hardware breakpoint.
 #[repr(C)]
@@ -2255,6 +2405,7 @@ fn main() -> ExitCode {
         ("last_guest_page", last_guest_page),
         ("upper_half", upper_half),
         ("host_global_pages", host_global_pages),
+        ("tlb_shadows", tlb_shadows),
         ("mov_ss_and_tf", mov_ss_and_tf),
         ("second_thread_during_run", second_thread_during_run),
         ("fpu_state", fpu_state),
