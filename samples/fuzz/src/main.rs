@@ -122,7 +122,7 @@ const UNSUPPORTED: &[(u64, &str)] =
 /// `SET_PTE`, which only drops the shadow of the page named.
 const PAGE_TABLE_ANY: &[u64] = &[LHCALL_FLUSH_TLB, LHCALL_SET_PMD, LHCALL_SET_PGD, LHCALL_SET_PTE];
 /// Every hypercall number the host knows.
-const KNOWN: &[u64] = &[0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 13, 14, 15, 16, 17, 18, 19, 20];
+const KNOWN: &[u64] = &[0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24];
 /// Vectors the host keeps for itself.
 const HOST_VECTORS: &[u64] = &[2, 8, 18, 31];
 /// Exception vectors the CPU never raises here (reserved, #VE, ...).
