@@ -14,7 +14,11 @@
 //! - `noirqcheck`: re-enabling interrupts does not check `irq_pending`
 //!   (see [`crate::paravirt::set_irq_check`]);
 //! - `linuxframes`: the host builds frames with Linux's selectors, left
-//!   with `LHCALL_IRET` (see [`crate::interrupts::linux_frames`]).
+//!   with `LHCALL_IRET` (see [`crate::interrupts::linux_frames`]);
+//! - `tlbshadows`: the host's shadow page tables follow TLB semantics
+//!   (`LGUEST_INIT_TLB_SHADOWS`, see [`crate::data::tlb_shadows`]); the
+//!   library still reports every change it makes, which drops at least as
+//!   much as an `invlpg` would.
 
 use core::str::SplitAsciiWhitespace;
 
@@ -24,7 +28,7 @@ use crate::cell::GuestCell;
 use crate::paravirt;
 
 /// Words consumed by the library (see the module documentation).
-const LIBRARY_WORDS: &[&str] = &["noirqcheck", "linuxframes"];
+const LIBRARY_WORDS: &[&str] = &["noirqcheck", "linuxframes", "tlbshadows"];
 
 /// The copy of the command line.
 static CMDLINE: GuestCell<[u8; LGUEST_CMDLINE_MAX]> = GuestCell::new([0; LGUEST_CMDLINE_MAX]);
@@ -144,6 +148,9 @@ pub(crate) fn init(pa: u64, mem_size: u64) -> Args {
     }
     if line.split_ascii_whitespace().any(|w| w == "linuxframes") {
         crate::interrupts::set_linux_frames(true);
+    }
+    if line.split_ascii_whitespace().any(|w| w == "tlbshadows") {
+        crate::data::set_tlb_shadows(true);
     }
     args
 }

@@ -70,7 +70,10 @@ fn data() -> *mut LguestData {
 /// path) is written first, so the host has it from the start, long before
 /// the guest can enable interrupts.
 pub(crate) fn init() {
-    let flags = if crate::interrupts::linux_frames() { LGUEST_INIT_LINUX_FRAMES } else { 0 };
+    let mut flags = if crate::interrupts::linux_frames() { LGUEST_INIT_LINUX_FRAMES } else { 0 };
+    if tlb_shadows() {
+        flags |= lguest_abi::LGUEST_INIT_TLB_SHADOWS;
+    }
     // SAFETY: as in `irq_enabled`; the host only reads this field.
     unsafe { addr_of_mut!((*data()).noirq_iret).write_volatile(crate::interrupts::noirq_iret()) }
     // SAFETY: the argument is the guest-physical address of a page-aligned
@@ -80,6 +83,22 @@ pub(crate) fn init() {
     unsafe {
         hcall(LHCALL_LGUEST_INIT, virt_to_phys(data()), flags, 0, 0);
     }
+}
+
+/// Whether the guest asks for TLB-semantics shadows (the command-line
+/// word `tlbshadows`, given to the host at `LHCALL_LGUEST_INIT`).
+static TLB_SHADOWS: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// Asks for TLB-semantics shadows (`LGUEST_INIT_TLB_SHADOWS`); before
+/// [`init`] only.
+pub fn set_tlb_shadows(on: bool) {
+    TLB_SHADOWS.store(on, Ordering::Relaxed);
+}
+
+/// Whether the shadows follow TLB semantics: then a change to the guest's
+/// tables needs [`crate::paging::invlpg`] or a flush, not a report.
+pub fn tlb_shadows() -> bool {
+    TLB_SHADOWS.load(Ordering::Relaxed)
 }
 
 /// Reads `irq_enabled` (the virtual IF).

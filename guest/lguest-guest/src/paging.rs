@@ -336,7 +336,7 @@ pub fn end_batch() {
 
 /// Sends hypercall `nr` now or queues it.
 fn notify(nr: u64, a1: u64, a2: u64, a3: u64) {
-    if nr == LHCALL_SET_PTE {
+    if nr == LHCALL_SET_PTE || nr == lguest_abi::LHCALL_INVLPG {
         NOTIFY_PTE.fetch_add(1, Ordering::Relaxed);
     } else {
         NOTIFY_FLUSH.fetch_add(1, Ordering::Relaxed);
@@ -360,9 +360,18 @@ fn report(root: u64, va: u64, level: u32, value: u64) {
     }
 }
 
-/// Drops every shadow the host has of our tables (`LHCALL_FLUSH_TLB`).
+/// Drops every shadow the host has of our tables (`LHCALL_FLUSH_TLB`; with
+/// TLB-semantics shadows, global pages included).
 pub fn flush_all() {
     notify(LHCALL_FLUSH_TLB, 1, 0, 0);
+}
+
+/// Drops the host's shadow of the page at `va` (`LHCALL_INVLPG`), as
+/// `invlpg` drops a TLB entry: what a change needs with TLB-semantics
+/// shadows ([`crate::data::tlb_shadows`]); otherwise the same as a
+/// `SET_PTE` report of the page.
+pub fn invlpg(va: u64) {
+    notify(lguest_abi::LHCALL_INVLPG, va, 0, 0);
 }
 
 // ---------------------------------------------------------------------------

@@ -875,6 +875,16 @@ fn user_mode() -> TestResult {
     check_user_run(&run("user", &[])?)
 }
 
+/// The same guest with TLB-semantics shadows (`tlbshadows`:
+/// `LGUEST_INIT_TLB_SHADOWS`), and the same linked in the top 2 GiB, whose
+/// kernel half the host then shares between its address spaces: the
+/// library's page tables, user mode and its threads work as under the
+/// report-every-change contract.
+fn user_tlb_shadows() -> TestResult {
+    check_user_run(&run("user", &["tlbshadows"])?)?;
+    check_user_run(&run("user-upper", &["tlbshadows"])?)
+}
+
 /// The same guest linked in the top 2 GiB (`user-upper`, at
 /// 0xffffffff80000000 plus its physical address, as Linux links its
 /// kernel): entered at its physical address, it maps itself where it is
@@ -1013,6 +1023,7 @@ fn main() -> ExitCode {
         ("bad_image", bad_image),
         ("user_mode", user_mode),
         ("user_upper", user_upper),
+        ("user_tlb_shadows", user_tlb_shadows),
         ("linux_frames", linux_frames),
         ("page_access_permutations", page_access_permutations),
         ("mm_stress", mm_stress),
