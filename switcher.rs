@@ -884,10 +884,11 @@ impl Switcher {
         )?;
         let fpu_by = if s.xsave_mask != 0 { "XSAVE" } else { "FXSAVE" };
         pr_info!(
-            "switcher at {:#x}, alias {:#x} ({} text pages), {} CPUs, {}-level paging{}{}, guest FPU by {} {:#x}, global flush by {}\n",
+            "switcher at {:#x}, alias {:#x} ({} text pages), direct map {:#x}, {} CPUs, {}-level paging{}{}, guest FPU by {} {:#x}, global flush by {}\n",
             start,
             alias,
             text.len(),
+            helpers::page_offset_base(),
             ncpus,
             s.levels,
             if s.pcid { ", PCID" } else { "" },

@@ -54,6 +54,51 @@ fn ibt_enforced() -> TestResult {
     Ok(())
 }
 
+/// The distro flavour's host (kernel/distro.config, booted with `pti=on`)
+/// really runs as Debian's would: page-table isolation on (`pti` in
+/// /proc/cpuinfo's flags: QEMU's CPU models may not be Meltdown-affected,
+/// hence `pti=on`), and KASLR on, seen as a kernel text or a direct map
+/// that is not at its unrandomized address (`_text` in /proc/kallsyms,
+/// read as root; the direct map from lguest's load message). Either may
+/// land at its default by chance (1 in about 500 for the text), both
+/// together practically never. So the suite's distro boot cannot silently
+/// lose them.
+fn distro_hardening() -> TestResult {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    if !release.trim_end().ends_with("-lguest-distro") {
+        t::skip!("not the distro flavour's kernel ({})", release.trim_end());
+    }
+    let flags = cpu_flags();
+    check!(
+        flags.iter().any(|f| f == "pti"),
+        "page-table isolation is off: no \"pti\" in the flags: {}",
+        flags.join(" ")
+    );
+    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    check!(!cmdline.split_whitespace().any(|w| w == "nokaslr"), "booted with nokaslr: {cmdline}");
+    let text = t::kallsyms("_text");
+    check!(text.is_some(), "no _text in /proc/kallsyms (not root?)");
+    let log = kernel_log()?;
+    let dmap = log
+        .lines()
+        .rev()
+        .filter(|l| l.contains("lguest: switcher at "))
+        .filter_map(|l| l.split(", ").find_map(|f| f.strip_prefix("direct map 0x")))
+        .find_map(|h| u64::from_str_radix(h, 16).ok());
+    check!(dmap.is_some(), "no direct map in lguest's load message");
+    let (text, dmap) = (text.unwrap_or(0), dmap.unwrap_or(0));
+    println!("# pti on; kernel text at {text:#x}, direct map at {dmap:#x}");
+    check!(
+        text >> 31 == 0x1_ffff_ffff && dmap >> 56 == 0xff,
+        "not kernel addresses: text {text:#x}, direct map {dmap:#x}"
+    );
+    check!(
+        text != 0xffff_ffff_8100_0000 || dmap != 0xffff_8880_0000_0000,
+        "KASLR is off: the kernel text and the direct map are at their default addresses"
+    );
+    Ok(())
+}
+
 /// The first non-canonical address of 4-level paging.
 const NON_CANONICAL: u64 = 0x0000_8000_0000_0000;
 
@@ -182,5 +227,9 @@ fn iretq_noncanonical_faults() -> TestResult {
 }
 
 fn main() -> ExitCode {
-    t::run(&[("ibt_enforced", ibt_enforced), ("iretq_noncanonical_faults", iretq_noncanonical_faults)])
+    t::run(&[
+        ("ibt_enforced", ibt_enforced),
+        ("iretq_noncanonical_faults", iretq_noncanonical_faults),
+        ("distro_hardening", distro_hardening),
+    ])
 }
