@@ -7,9 +7,11 @@
 #
 #   T=PROG[:TEST],...   run only these (e.g. T=lguest_dev_test:api_version)
 #   CPUS="max,la57=off max"   the CPU models (4-level and 5-level paging)
-#   FLAVOUR=debug       use the debug host kernel (KASAN, lockdep, kmemleak);
 #   FLAVOUR=distro      Debian's cloud-amd64 configuration (kernel/distro.config),
-#                       booted with pti=on
+#                       booted with pti=on: what `make test` uses
+#   FLAVOUR=normal      the small clang-built kernel (allnoconfig + host.config),
+#                       the one `make run` and `make bochs-test` boot
+#   FLAVOUR=debug       the debug host kernel (KASAN, lockdep, kmemleak)
 #   LONG=1              run the long programs (the fuzzers) whole, not in
 #                       their short form (LGUEST_SMOKE=1)
 #   WATCHDOG=SECONDS    limit for one whole boot (default 1200, debug 3600,
