@@ -22,6 +22,14 @@ say "lguest.ko"
 # module.sh checks the tree and the toolchain, and warnings are errors.
 MODULE_OUT="$MOD" KRUSTC="$KRUSTC" bash "$REPO/scripts/module.sh" build "$KOBJ" >&2 \
 	|| fail "module build failed"
+# The distro flavour's host loads the module as a distribution user's
+# machine builds it: by DKMS (in private trees, scripts/dkms-build.sh).
+if [ "$FLAVOUR" = distro ]; then
+	say "lguest.ko by DKMS"
+	KRUSTC="$KRUSTC" bash "$REPO/scripts/dkms-build.sh" "$KOBJ" "$OUT/dkms" >&2 \
+		|| fail "DKMS build failed"
+	cp "$OUT/dkms/lguest.ko" "$MOD/lguest.ko"
+fi
 
 say "launcher and selftests (static)"
 TARGET=x86_64-unknown-linux-gnu

@@ -42,14 +42,8 @@ fi
 
 # DKMS, in trees of its own.
 if command -v dkms >/dev/null 2>&1; then
-	src="$TMP/src/lguest-0.1.0"
-	mkdir -p "$src"
-	(cd "$REPO" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$src") 2>/dev/null
-	d=(--dkmstree "$TMP/dkms" --sourcetree "$TMP/src" --installtree "$TMP/install")
-	mkdir -p "$TMP/dkms" "$TMP/install"
-	if dkms add "${d[@]}" lguest/0.1.0 >"$TMP/dkms.log" 2>&1 &&
-		dkms build "${d[@]}" lguest/0.1.0 -k "$release" --kernelsourcedir "$KOBJ" >>"$TMP/dkms.log" 2>&1; then
-		ko="$TMP/dkms/lguest/0.1.0/$release/x86_64/module/lguest.ko"
+	if bash "$REPO/scripts/dkms-build.sh" "$KOBJ" "$TMP/dkms" >"$TMP/dkms.log" 2>&1; then
+		ko="$TMP/dkms/lguest.ko"
 		vm=$(modinfo -F vermagic "$ko" 2>/dev/null | cut -d' ' -f1)
 		if [ "$vm" != "$release" ]; then
 			bad "dkms build: vermagic '$vm', expected '$release'"
@@ -60,7 +54,7 @@ if command -v dkms >/dev/null 2>&1; then
 			ok "dkms build for $release"
 		fi
 	else
-		bad "dkms build: $(tail -5 "$TMP/dkms.log"; cat "$TMP"/dkms/lguest/0.1.0/build/make.log 2>/dev/null | tail -5)"
+		bad "dkms build: $(tail -8 "$TMP/dkms.log")"
 	fi
 else
 	bad "dkms is not installed (scripts/setup.sh installs it)"
