@@ -305,7 +305,12 @@ pub(crate) fn demand_page(cx: &mut Ctx<'_>, va: u64, error: u64) -> Result<Fault
     }
     if cx
         .shadows
-        .map(va & !(PAGE_SIZE - 1), pte, user_mode, entries[last].1 & PTE_G != 0)
+        .map(
+            va & !(PAGE_SIZE - 1),
+            pte,
+            user_mode,
+            entries[last].1 & PTE_G != 0,
+        )
         .is_err()
     {
         return kill!("out of memory for shadow page tables");
