@@ -1584,6 +1584,22 @@ const LAST_PAGE: u64 = abi::GUEST_VA_END - 4096;
 const FRAME_LAST: u64 = 0x21_0000;
 const FRAME_TOP: u64 = 0x21_1000;
 
+/// The start of the page tables at 0x300000 that several tests build:
+/// top level 0x300000, then 0x301000, 0x302000 and the page table 0x303000,
+/// which maps 1-2 MiB (code, data, stack) at virtual = physical.
+fn write_low_tables(mem: &Mapping) {
+    let e = |at: u64, v: u64| mem.put::<u64>(at as usize, v);
+    const P: u64 = 1;
+    const RW: u64 = 2;
+    let (pml4, pdpt, pd, pt) = (0x30_0000u64, 0x30_1000u64, 0x30_2000u64, 0x30_3000u64);
+    e(pml4, pdpt | P | RW);
+    e(pdpt, pd | P | RW);
+    e(pd, pt | P | RW);
+    for page in 0x100u64..0x200 {
+        e(pt + 8 * page, (page << 12) | P | RW);
+    }
+}
+
 /// Page tables at 0x300000: 1-2 MiB identity-mapped (code, data, stack),
 /// and the two highest lower-half pages mapped to FRAME_LAST and FRAME_TOP
 /// (the guest's own tables may say so; the host must not map the top one).
@@ -1591,14 +1607,9 @@ fn write_top_tables(mem: &Mapping) {
     let e = |at: u64, v: u64| mem.put::<u64>(at as usize, v);
     const P: u64 = 1;
     const RW: u64 = 2;
-    let (pml4, pdpt, pd, pt) = (0x30_0000u64, 0x30_1000u64, 0x30_2000u64, 0x30_3000u64);
+    let pml4 = 0x30_0000u64;
     let (pdpt_hi, pd_hi, pt_hi) = (0x30_4000u64, 0x30_5000u64, 0x30_6000u64);
-    e(pml4, pdpt | P | RW);
-    e(pdpt, pd | P | RW);
-    e(pd, pt | P | RW);
-    for page in 0x100u64..0x200 {
-        e(pt + 8 * page, (page << 12) | P | RW);
-    }
+    write_low_tables(mem);
     e(pml4 + 8 * 255, pdpt_hi | P | RW);
     e(pdpt_hi + 8 * 511, pd_hi | P | RW);
     e(pd_hi + 8 * 511, pt_hi | P | RW);
@@ -1825,14 +1836,9 @@ fn write_upper_tables(mem: &Mapping) {
     let e = |at: u64, v: u64| mem.put::<u64>(at as usize, v);
     const P: u64 = 1;
     const RW: u64 = 2;
-    let (pml4, pdpt, pd, pt) = (0x30_0000u64, 0x30_1000u64, 0x30_2000u64, 0x30_3000u64);
+    let (pml4, pdpt, pt) = (0x30_0000u64, 0x30_1000u64, 0x30_3000u64);
     let (pdpt_hi, pd_hi, pdpt_hole, pd_hole) = (0x30_4000u64, 0x30_5000u64, 0x30_6000u64, 0x30_7000u64);
-    e(pml4, pdpt | P | RW);
-    e(pdpt, pd | P | RW);
-    e(pd, pt | P | RW);
-    for page in 0x100u64..0x200 {
-        e(pt + 8 * page, (page << 12) | P | RW);
-    }
+    write_low_tables(mem);
     e(pml4 + 8 * 511, pdpt_hi | P | RW);
     e(pdpt_hi + 8 * 510, pd_hi | P | RW);
     e(pd_hi, pt | P | RW);
@@ -1962,14 +1968,9 @@ fn write_global_tables(mem: &Mapping, va: u64) {
     let e = |at: u64, v: u64| mem.put::<u64>(at as usize, v);
     const P: u64 = 1;
     const RW: u64 = 2;
-    let (pml4, pdpt, pd, pt) = (0x30_0000u64, 0x30_1000u64, 0x30_2000u64, 0x30_3000u64);
+    let pml4 = 0x30_0000u64;
     let (pdpt_hi, pd_hi, pt_hi) = (0x30_4000u64, 0x30_5000u64, 0x30_6000u64);
-    e(pml4, pdpt | P | RW);
-    e(pdpt, pd | P | RW);
-    e(pd, pt | P | RW);
-    for page in 0x100u64..0x200 {
-        e(pt + 8 * page, (page << 12) | P | RW);
-    }
+    write_low_tables(mem);
     let i = |level: u32| (va >> (12 + 9 * (level - 1))) & 511;
     e(pml4 + 8 * i(4), pdpt_hi | P | RW);
     e(pdpt_hi + 8 * i(3), pd_hi | P | RW);
