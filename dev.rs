@@ -22,6 +22,7 @@ use core::sync::atomic::{
     Ordering, //
 };
 use kernel::{
+    alloc::flags::GFP_KERNEL_ACCOUNT,
     current,
     fs::File,
     miscdevice::{
@@ -59,6 +60,8 @@ use crate::{
     notify::Notifiers,
     uapi::{
         self,
+        LguestCpuid,
+        LguestCpuidEntry,
         LguestIoeventfd,
         LguestIrqfd,
         LguestVcpuRegs,
@@ -75,6 +78,11 @@ unsafe impl FromBytes for LguestIrqfd {}
 // SAFETY: `LguestIoeventfd` is `repr(C)`: a u64 then two 32-bit integers,
 // 16 bytes (asserted in uapi.rs), no padding.
 unsafe impl FromBytes for LguestIoeventfd {}
+// SAFETY: `LguestCpuid` is `repr(C)`, two u32s, no padding.
+unsafe impl FromBytes for LguestCpuid {}
+// SAFETY: `LguestCpuidEntry` is `repr(C)`, ten u32s (40 bytes, asserted in
+// uapi.rs), no padding: any bytes are a valid value.
+unsafe impl FromBytes for LguestCpuidEntry {}
 // SAFETY: `LguestVmConfig` is `repr(C)` with only integer fields and no
 // padding (its size is asserted in uapi.rs), so any bytes are a valid value.
 unsafe impl FromBytes for LguestVmConfig {}
@@ -238,6 +246,39 @@ impl LguestFile {
         Ok(0)
     }
 
+    /// `LGUEST_SET_CPUID`: the header, then `nent` entries right after it.
+    /// Read whole and checked before the VM's lock is taken.
+    fn set_cpuid(&self, arg: usize) -> Result<isize> {
+        let head = core::mem::size_of::<LguestCpuid>();
+        let hdr: LguestCpuid = UserSlice::new(UserPtr::from_addr(arg), head)
+            .reader()
+            .read()?;
+        if hdr.padding != 0 {
+            return Err(EINVAL);
+        }
+        if hdr.nent > uapi::LGUEST_MAX_CPUID_ENTRIES {
+            return Err(E2BIG);
+        }
+        let n = hdr.nent as usize;
+        let size = core::mem::size_of::<LguestCpuidEntry>();
+        let mut r = UserSlice::new(
+            UserPtr::from_addr(arg.checked_add(head).ok_or(EFAULT)?),
+            n * size,
+        )
+        .reader();
+        let mut table = KVec::with_capacity(n, GFP_KERNEL_ACCOUNT)?;
+        for _ in 0..n {
+            table.push(r.read::<LguestCpuidEntry>()?, GFP_KERNEL_ACCOUNT)?;
+        }
+        if !uapi::cpuid_table_valid(&table) {
+            return Err(EINVAL);
+        }
+        Option::as_mut(&mut *self.vm_now()?)
+            .ok_or(ENOENT)?
+            .set_cpuid(table);
+        Ok(0)
+    }
+
     fn set_regs(&self, arg: usize) -> Result<isize> {
         let req: LguestVcpuRegs = UserSlice::new(
             UserPtr::from_addr(arg),
@@ -288,6 +329,7 @@ impl MiscDevice for LguestFile {
             uapi::LGUEST_SET_REGS => this.set_regs(arg),
             uapi::LGUEST_IRQFD => this.irqfd(arg),
             uapi::LGUEST_IOEVENTFD => this.ioeventfd(arg),
+            uapi::LGUEST_SET_CPUID => this.set_cpuid(arg),
             uapi::LGUEST_IRQ => {
                 if arg >= uapi::LGUEST_IRQS {
                     return Err(EINVAL);

@@ -16,12 +16,32 @@
 //!   with the host's XCR0 (see `guest-abi.rst`, "The FPU").
 //!
 //! Everything else, and all of these in guest user mode, stays the guest's
-//! #GP. The instruction bytes are read once from guest memory into a local
+//! #GP.
+//!
+//! CPUID is not privileged, and is emulated in both guest modes ([`cpuid`]):
+//! from the launcher's table (`LGUEST_SET_CPUID`) if it set one, else the
+//! host CPU's values. It reaches the host two ways: as the #GP(0) of a plain
+//! `cpuid` when the launcher made CPUID fault for its vCPU thread
+//! (`arch_prctl(ARCH_SET_CPUID, 0)`; hosts with CPUID faulting), and as the
+//! #UD of the forced-emulation prefix ([`forced`]) on any host.
+//!
+//! The instruction bytes are read once from guest memory into a local
 //! buffer, then decoded; nothing is read twice.
 
 use kernel::prelude::*;
 
-use crate::{gmem::PAGE_SIZE, helpers, kill::Kill, switcher::Switcher, vcpu::Ctx};
+use crate::{
+    gmem::PAGE_SIZE,
+    helpers,
+    kill::Kill,
+    switcher::Switcher,
+    uapi::{
+        self,
+        LguestCpuidEntry,
+        LguestRegs, //
+    },
+    vcpu::Ctx,
+};
 
 /// The guest's CR0 as `mov` from CR0 reads it: PE, MP, ET, NE, WP, AM, PG
 /// (a native Linux kernel's value; TS is never set, the FPU is always the
@@ -75,6 +95,7 @@ enum Insn {
     },
     Wbinvd,
     Xsetbv,
+    Cpuid,
 }
 
 /// Decodes the instruction in `code`: what it is and its length, or
@@ -101,6 +122,7 @@ fn decode(code: &[u8]) -> Option<(Insn, usize)> {
         0xee | 0xef => (Insn::Out, i + 1),
         0x0f => match *code.get(i + 1)? {
             0x09 => (Insn::Wbinvd, i + 2),
+            0xa2 => (Insn::Cpuid, i + 2),
             0x20 => {
                 // mov r64, CRn: the r/m field is always a register.
                 let modrm = *code.get(i + 2)?;
@@ -116,27 +138,73 @@ fn decode(code: &[u8]) -> Option<(Insn, usize)> {
     (insn.1 <= code.len()).then_some(insn)
 }
 
-/// The #GP(0) the vCPU took in guest kernel mode: emulates the
-/// instruction at RIP if it is one of ours. `Ok(true)`: done, RIP is past
+/// Reads up to 15 instruction bytes at `rip` into `code`: how many.
+/// An instruction that ran to a fault was fetched whole, so its bytes are
+/// mapped; if the 15 bytes reach an unmapped page, those to the end of
+/// this one are enough for every instruction here. `None`: unreadable.
+fn fetch(cx: &Ctx<'_>, rip: u64, code: &mut [u8; 15]) -> Option<usize> {
+    if cx.read_va(rip, code).is_ok() {
+        return Some(code.len());
+    }
+    let n = core::cmp::min(code.len(), (PAGE_SIZE - rip % PAGE_SIZE) as usize);
+    cx.read_va(rip, &mut code[..n]).ok().map(|_| n)
+}
+
+/// CPUID for the guest, with EAX and ECX in `r` its leaf and subleaf: the
+/// four results from `table`, or from the host CPU if it is empty. As on
+/// hardware, the upper halves of the four registers are cleared.
+fn cpuid(r: &mut LguestRegs, table: &[LguestCpuidEntry]) {
+    let (leaf, subleaf) = (r.rax as u32, r.rcx as u32);
+    let v = if table.is_empty() {
+        helpers::cpuid(leaf, subleaf)
+    } else {
+        uapi::cpuid_lookup(table, leaf, subleaf)
+    };
+    r.rax = v[0].into();
+    r.rbx = v[1].into();
+    r.rcx = v[2].into();
+    r.rdx = v[3].into();
+}
+
+/// The #UD the vCPU took (in either mode): if the bytes at RIP are the
+/// forced-emulation prefix and `cpuid`, emulates it and moves RIP past
+/// both. `false`: the #UD stands.
+pub(crate) fn forced(cx: &mut Ctx<'_>) -> bool {
+    const P: usize = uapi::LGUEST_EMULATE_PREFIX_LEN;
+    let rip = cx.vcpu.cpu.regs.rip;
+    let mut code = [0u8; 15];
+    let Some(n) = fetch(cx, rip, &mut code) else {
+        return false;
+    };
+    if n < P || code[..P] != uapi::LGUEST_EMULATE_PREFIX {
+        return false;
+    }
+    match decode(&code[P..n]) {
+        Some((Insn::Cpuid, len)) => {
+            let r = &mut cx.vcpu.cpu.regs;
+            cpuid(r, cx.cpuid);
+            r.rip = rip + (P + len) as u64;
+            true
+        }
+        _ => false,
+    }
+}
+
+/// The #GP(0) the vCPU took: emulates the instruction at RIP if it is one
+/// of ours (in guest user mode, only CPUID). `Ok(true)`: done, RIP is past
 /// it; `Ok(false)`: the #GP stands.
 pub(crate) fn privileged(cx: &mut Ctx<'_>) -> Result<bool, Kill> {
     let rip = cx.vcpu.cpu.regs.rip;
     let mut code = [0u8; 15];
-    // An instruction that ran to a #GP was fetched whole, so its bytes are
-    // mapped; if the 15 bytes reach an unmapped page, those to the end of
-    // this one are enough for every instruction above.
-    let n = if cx.read_va(rip, &mut code).is_ok() {
-        code.len()
-    } else {
-        let n = core::cmp::min(code.len(), (PAGE_SIZE - rip % PAGE_SIZE) as usize);
-        if cx.read_va(rip, &mut code[..n]).is_err() {
-            return Ok(false);
-        }
-        n
+    let Some(n) = fetch(cx, rip, &mut code) else {
+        return Ok(false);
     };
     let Some((insn, len)) = decode(&code[..n]) else {
         return Ok(false);
     };
+    if cx.vcpu.user_mode && insn != Insn::Cpuid {
+        return Ok(false);
+    }
     let allowed = Switcher::get().map(|s| s.xsave_mask()).unwrap_or(0);
     let v = &mut *cx.vcpu;
     let r = &mut v.cpu.regs;
@@ -173,6 +241,7 @@ pub(crate) fn privileged(cx: &mut Ctx<'_>) -> Result<bool, Kill> {
             };
             *slot = value;
         }
+        Insn::Cpuid => cpuid(r, cx.cpuid),
         Insn::Xsetbv => {
             let value = (r.rdx << 32) | (r.rax & 0xffff_ffff);
             if r.rcx & 0xffff_ffff != 0 || !xcr0_valid(value, allowed) {

@@ -31,6 +31,7 @@ mod ffi {
         pub(super) fn lg_read_cr4() -> usize;
         pub(super) fn lg_read_cr3() -> usize;
         pub(super) fn lg_read_efer() -> usize;
+        pub(super) fn lg_cpuid(leaf: u32, subleaf: u32, out: *mut u32);
         pub(super) fn lg_cpu_id() -> u32;
         pub(super) fn lg_page_offset_base() -> usize;
         pub(super) fn lg_irqfd_attach(
@@ -478,6 +479,16 @@ pub(crate) fn read_cr4() -> u64 {
 pub(crate) fn read_cr3() -> u64 {
     // SAFETY: Reading CR3 has no side effects.
     unsafe { ffi::lg_read_cr3() as u64 }
+}
+
+/// CPUID of this CPU, leaf `leaf` and subleaf `subleaf`: EAX, EBX, ECX,
+/// EDX.
+pub(crate) fn cpuid(leaf: u32, subleaf: u32) -> [u32; 4] {
+    let mut out = [0u32; 4];
+    // SAFETY: `out` is four writable u32s, all `lg_cpuid` writes; CPUID
+    // has no effect but its four outputs.
+    unsafe { ffi::lg_cpuid(leaf, subleaf, out.as_mut_ptr()) };
+    out
 }
 
 /// The current CPU's EFER.

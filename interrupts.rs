@@ -265,9 +265,14 @@ pub(crate) fn hardware_trap(
     if vector == 6 && deliver_syscall(cx)? {
         return Ok(());
     }
+    // The forced-emulation prefix: `cpuid` from the launcher's table.
+    if vector == 6 && crate::emulate::forced(cx) {
+        return Ok(());
+    }
     // Privileged instructions a kernel runs without a hook (port I/O,
-    // mov from CR0/CR4, wbinvd, xsetbv): emulated in guest kernel mode.
-    if vector == 13 && error == 0 && !cx.vcpu.user_mode && crate::emulate::privileged(cx)? {
+    // mov from CR0/CR4, wbinvd, xsetbv): emulated in guest kernel mode;
+    // a faulting CPUID in either mode.
+    if vector == 13 && error == 0 && crate::emulate::privileged(cx)? {
         return Ok(());
     }
     let syscall = uapi::LGUEST_SYSCALL_VECTOR as u64;

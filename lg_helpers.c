@@ -108,6 +108,11 @@ unsigned long lg_read_efer(void)
 	return efer;
 }
 
+void lg_cpuid(unsigned int leaf, unsigned int subleaf, unsigned int out[4])
+{
+	cpuid_count(leaf, subleaf, &out[0], &out[1], &out[2], &out[3]);
+}
+
 unsigned int lg_cpu_id(void)
 {
 	return raw_smp_processor_id();

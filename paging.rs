@@ -56,6 +56,10 @@ use crate::{
         kill,
         Kill, //
     },
+    shadow::{
+        SHADOW_FROM_1G,
+        SHADOW_FROM_2M, //
+    },
     switcher::Switcher,
     uapi,
     vcpu::Ctx,
@@ -165,8 +169,11 @@ pub(crate) fn invlpg(cx: &mut Ctx<'_>, va: u64) -> Result<(), Kill> {
     if !cx.shadows.tlb_mode() {
         return set_pte(cx, va);
     }
-    if cx.shadows.guest_root().is_some() && uapi::guest_va_ok(va) {
-        cx.shadows.invlpg(va & !(PAGE_SIZE - 1));
+    if cx.shadows.guest_root().is_some()
+        && uapi::guest_va_ok(va)
+        && cx.shadows.invlpg(va & !(PAGE_SIZE - 1)).is_err()
+    {
+        return kill!("out of memory for a new shadow page table");
     }
     Ok(())
 }
@@ -303,6 +310,13 @@ pub(crate) fn demand_page(cx: &mut Ctx<'_>, va: u64, error: u64) -> Result<Fault
     if nx {
         pte |= PTE_NX;
     }
+    // Which guest page size it came from: entries[3] is a 4 KiB leaf,
+    // entries[2] a 2 MiB one, entries[1] 1 GiB (see `Shadows::invlpg`).
+    pte |= match last {
+        2 => SHADOW_FROM_2M,
+        1 => SHADOW_FROM_1G,
+        _ => 0,
+    };
     if cx
         .shadows
         .map(

@@ -27,6 +27,15 @@ use crate::{
     switcher::Switcher,
 };
 
+/// Software bits of our 4 KiB leaf entries (bits 9-11 are the OS's, the
+/// CPU ignores them): the entry was made from a guest 2 MiB page, or from
+/// a 1 GiB one. An `INVLPG` of any address in a large page drops the whole
+/// page, as the TLB entry it would be on hardware goes whole
+/// ([`Shadows::invlpg`]), whichever of its 4 KiB pieces are shadowed.
+pub(crate) const SHADOW_FROM_2M: u64 = 1 << 9;
+/// See [`SHADOW_FROM_2M`].
+pub(crate) const SHADOW_FROM_1G: u64 = 1 << 10;
+
 /// A shadow page-table tree: 4 or 5 levels, as the host uses.
 pub(crate) struct ShadowTable {
     levels: u32,
@@ -35,7 +44,16 @@ pub(crate) struct ShadowTable {
     /// The CPU whose view of the switcher's alias this table's slot
     /// points at, if any (switcher.rs).
     pub(crate) mapped_cpu: Option<u32>,
+    /// Some entry came from a guest 2 MiB page ([`SHADOW_FROM_2M`]).
+    from_2m: bool,
+    /// The 1 GiB regions holding entries from guest 1 GiB pages
+    /// ([`SHADOW_FROM_1G`]), and whether there were more than it holds.
+    from_1g: [u64; 4],
+    from_1g_count: usize,
 }
+
+/// A 1 GiB page.
+const GIB: u64 = 1 << 30;
 
 /// Reads entry `i` of the page table at physical address `table` (ours, or
 /// the host's top-level table of the current address space).
@@ -53,6 +71,9 @@ impl ShadowTable {
             root: HostPage::new()?,
             pages: KVec::new(),
             mapped_cpu: None,
+            from_2m: false,
+            from_1g: [0; 4],
+            from_1g_count: 0,
         })
     }
 
@@ -129,7 +150,39 @@ impl ShadowTable {
     pub(crate) fn map(&mut self, va: u64, pte: u64, upper: u64) -> Result {
         let t = self.leaf_table(va, upper, true)?;
         Self::set_entry(t, Self::index(va, 1), pte);
+        self.from_2m |= pte & SHADOW_FROM_2M != 0;
+        if pte & SHADOW_FROM_1G != 0 && !self.has_1g(va) {
+            if let Some(slot) = self.from_1g.get_mut(self.from_1g_count) {
+                *slot = va & !(GIB - 1);
+            }
+            self.from_1g_count += 1;
+        }
         Ok(())
+    }
+
+    /// Whether entries from a guest 1 GiB page may be in `va`'s 1 GiB
+    /// region.
+    fn has_1g(&self, va: u64) -> bool {
+        let n = self.from_1g_count;
+        n > self.from_1g.len() || self.from_1g[..n].contains(&(va & !(GIB - 1)))
+    }
+
+    /// `INVLPG` of `va` in this tree: its entry goes, and with it every
+    /// entry of its 2 MiB region that came from a guest 2 MiB page (the one
+    /// `va` is, or was, in). Guest 1 GiB pages are the caller's
+    /// ([`Self::has_1g`]).
+    fn invlpg(&mut self, va: u64) {
+        let Ok(t) = self.leaf_table(va, 0, false) else {
+            return;
+        };
+        if self.from_2m {
+            for i in 0..512 {
+                if Self::entry(t, i) & SHADOW_FROM_2M != 0 {
+                    Self::set_entry(t, i, 0);
+                }
+            }
+        }
+        Self::set_entry(t, Self::index(va, 1), 0);
     }
 
     /// Rewrites the entry for `va` whose tables already exist (no allocation:
@@ -323,12 +376,25 @@ impl Shadows {
     }
 
     /// TLB semantics: `LHCALL_INVLPG(va)`: the page's shadow goes from the
-    /// current pair and from the shared upper half.
-    pub(crate) fn invlpg(&mut self, va: u64) {
-        self.current.unmap(va);
-        if let Some(t) = self.tlb.as_mut() {
-            let _ = t.table.set_existing(va, 0);
+    /// current pair and from the shared upper half. If the page is part of
+    /// a guest large page, all of that page goes, as its TLB entry would:
+    /// the entries of a 2 MiB page (marked [`SHADOW_FROM_2M`]) in its 2
+    /// MiB region; for a 1 GiB page, every shadow (a global flush: dropping
+    /// more than asked is always allowed, and a guest that wants cheap
+    /// `INVLPG`s uses 2 MiB pages; `--cpuid filtered` hides 1 GiB pages).
+    pub(crate) fn invlpg(&mut self, va: u64) -> Result {
+        let huge = self.current.kernel.has_1g(va)
+            || self.current.user.has_1g(va)
+            || self.tlb.as_ref().is_some_and(|t| t.table.has_1g(va));
+        if huge {
+            return self.tlb_flush(true);
         }
+        self.current.kernel.invlpg(va);
+        self.current.user.invlpg(va);
+        if let Some(t) = self.tlb.as_mut() {
+            t.table.invlpg(va);
+        }
+        Ok(())
     }
 
     /// Whether the guest has had upper-half mappings.

@@ -34,7 +34,10 @@ use crate::{
         GuestCpu,
         GuestFpu, //
     },
-    uapi,
+    uapi::{
+        self,
+        LguestCpuidEntry, //
+    },
 };
 
 /// Why a run ended in the launcher.
@@ -190,6 +193,8 @@ pub(crate) struct Ctx<'a> {
     pub(crate) mem: &'a GuestMemory,
     pub(crate) shadows: &'a mut Shadows,
     pub(crate) notifiers: &'a Notifiers,
+    /// The VM's CPUID table (`LGUEST_SET_CPUID`).
+    pub(crate) cpuid: &'a [LguestCpuidEntry],
 }
 
 impl Ctx<'_> {

@@ -57,6 +57,7 @@ use crate::{
     },
     uapi::{
         self,
+        LguestCpuidEntry,
         LguestRegs,
         LguestVmConfig, //
     },
@@ -93,6 +94,8 @@ pub(crate) struct Vm {
     _slot: SlotRef,
     /// Notification addresses bound to eventfds (`LGUEST_IOEVENTFD`).
     notifiers: Arc<Notifiers>,
+    /// The launcher's CPUID table (`LGUEST_SET_CPUID`); empty: the host's.
+    cpuid: KVec<LguestCpuidEntry>,
 }
 
 impl Vm {
@@ -143,6 +146,7 @@ impl Vm {
                 owner,
                 _slot: slot,
                 notifiers,
+                cpuid: KVec::new(),
             }),
             Err(e) => {
                 // No `Vm` to refund it on drop: refund the charge here.
@@ -184,6 +188,12 @@ impl Vm {
         Ok((index, run))
     }
 
+    /// Replaces the CPUID table with `table`, already validated
+    /// (`uapi::cpuid_table_valid`).
+    pub(crate) fn set_cpuid(&mut self, table: KVec<LguestCpuidEntry>) {
+        self.cpuid = table;
+    }
+
     /// Reads vCPU `index`'s registers.
     pub(crate) fn get_regs(&self, index: usize) -> Result<LguestRegs> {
         Ok(self.vcpus.get(index).ok_or(EINVAL)?.cpu.regs)
@@ -220,6 +230,7 @@ impl Vm {
             vcpus,
             dead,
             notifiers,
+            cpuid,
             ..
         } = self;
         let mut cx = Ctx {
@@ -227,6 +238,7 @@ impl Vm {
             mem,
             shadows,
             notifiers,
+            cpuid,
         };
         if cx.vcpu.immediate_exit() {
             return Err(EINTR);

@@ -142,6 +142,121 @@ pub struct LguestIoeventfd {
     pub flags: u32,
 }
 
+/// `LGUEST_SET_CPUID`: the VM's CPUID table (argument: [`LguestCpuid`],
+/// immediately followed by its `nent` [`LguestCpuidEntry`]s: the shape of
+/// KVM's `KVM_SET_CPUID2`). The table replaces the previous one; `nent` 0
+/// removes it. More than [`LGUEST_MAX_CPUID_ENTRIES`] entries get `E2BIG`;
+/// a non-zero padding, an unknown flag or two entries for the same leaf
+/// and subleaf get `EINVAL`; `EBUSY` while the vCPU runs, `ENOENT` before
+/// `LGUEST_CREATE_VM`.
+///
+/// The guest gets the table's values from a CPUID the host emulates: one
+/// behind [`LGUEST_EMULATE_PREFIX`] (any host), and a plain `cpuid` where
+/// the launcher thread that runs the vCPU made CPUID fault
+/// (`arch_prctl(ARCH_SET_CPUID, 0)`, hosts with CPUID faulting). A leaf
+/// and subleaf with no entry reads as four zeros. Without a table, the
+/// emulated CPUID gives the host CPU's values, as a plain one does.
+pub const LGUEST_SET_CPUID: u32 = ioc(
+    IOC_WRITE,
+    LGUEST_IOC_MAGIC,
+    0x49,
+    core::mem::size_of::<LguestCpuid>(),
+);
+/// The most entries of a CPUID table (KVM's `KVM_MAX_CPUID_ENTRIES`).
+pub const LGUEST_MAX_CPUID_ENTRIES: u32 = 256;
+/// [`LguestCpuidEntry::flags`]: the entry is for one subleaf (ECX equal to
+/// `index`); without it the entry answers every ECX. KVM's
+/// `KVM_CPUID_FLAG_SIGNIFCANT_INDEX`.
+pub const LGUEST_CPUID_FLAG_SIGNIFICANT_INDEX: u32 = 1;
+
+/// The header of [`LGUEST_SET_CPUID`]'s argument (`struct kvm_cpuid2`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LguestCpuid {
+    /// How many entries follow.
+    pub nent: u32,
+    /// Must be 0.
+    pub padding: u32,
+}
+
+/// One leaf (or subleaf) of a CPUID table (`struct kvm_cpuid_entry2`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LguestCpuidEntry {
+    /// The leaf: EAX at the CPUID.
+    pub function: u32,
+    /// The subleaf: ECX, with [`LGUEST_CPUID_FLAG_SIGNIFICANT_INDEX`].
+    pub index: u32,
+    /// 0 or [`LGUEST_CPUID_FLAG_SIGNIFICANT_INDEX`].
+    pub flags: u32,
+    /// What CPUID returns in EAX.
+    pub eax: u32,
+    /// What CPUID returns in EBX.
+    pub ebx: u32,
+    /// What CPUID returns in ECX.
+    pub ecx: u32,
+    /// What CPUID returns in EDX.
+    pub edx: u32,
+    /// Must be 0.
+    pub padding: [u32; 3],
+}
+
+impl LguestCpuidEntry {
+    /// Whether this entry answers CPUID leaf `leaf`, subleaf `subleaf`.
+    pub const fn answers(&self, leaf: u32, subleaf: u32) -> bool {
+        self.function == leaf
+            && (self.flags & LGUEST_CPUID_FLAG_SIGNIFICANT_INDEX == 0 || self.index == subleaf)
+    }
+
+    /// Whether this entry and `other` could answer the same CPUID.
+    const fn overlaps(&self, other: &Self) -> bool {
+        self.function == other.function
+            && (self.flags & LGUEST_CPUID_FLAG_SIGNIFICANT_INDEX == 0
+                || other.flags & LGUEST_CPUID_FLAG_SIGNIFICANT_INDEX == 0
+                || self.index == other.index)
+    }
+}
+
+/// Whether `table` is one [`LGUEST_SET_CPUID`] takes (apart from its
+/// size): known flags, zero padding, at most one entry for any leaf and
+/// subleaf.
+pub const fn cpuid_table_valid(table: &[LguestCpuidEntry]) -> bool {
+    let mut i = 0;
+    while i < table.len() {
+        let e = &table[i];
+        if e.flags & !LGUEST_CPUID_FLAG_SIGNIFICANT_INDEX != 0
+            || e.padding[0] != 0
+            || e.padding[1] != 0
+            || e.padding[2] != 0
+        {
+            return false;
+        }
+        let mut j = 0;
+        while j < i {
+            if e.overlaps(&table[j]) {
+                return false;
+            }
+            j += 1;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// What an emulated CPUID of leaf `leaf`, subleaf `subleaf` returns from
+/// `table`: EAX, EBX, ECX, EDX of its entry, or zeros.
+pub const fn cpuid_lookup(table: &[LguestCpuidEntry], leaf: u32, subleaf: u32) -> [u32; 4] {
+    let mut i = 0;
+    while i < table.len() {
+        let e = &table[i];
+        if e.answers(leaf, subleaf) {
+            return [e.eax, e.ebx, e.ecx, e.edx];
+        }
+        i += 1;
+    }
+    [0; 4]
+}
+
 /// The most memory a guest may have (4 GiB): guest-physical addresses stay
 /// far below the switcher, and the initial linear map stays small.
 pub const LGUEST_MAX_MEM: u64 = 4 << 30;
@@ -316,6 +431,16 @@ pub const LGUEST_GUEST_SS: u64 = 0x2b;
 /// RDX and R10 hold arguments 1 to 4; the result, if any, comes back in RAX.
 /// Every other register is preserved.
 pub const LGUEST_TRAP_ENTRY: u8 = 0x1F;
+
+/// The forced-emulation prefix: `ud2` and the letters "lgu". A `cpuid`
+/// right after it is emulated by the host (from the launcher's
+/// [`LGUEST_SET_CPUID`] table, if any), in guest kernel or user mode, on
+/// any host: a guest kernel's CPUID hook uses it (Xen PV's
+/// `XEN_EMULATE_PREFIX`). RIP moves past both; anything else after the
+/// prefix is the `ud2`'s #UD.
+pub const LGUEST_EMULATE_PREFIX: [u8; LGUEST_EMULATE_PREFIX_LEN] = *b"\x0f\x0blgu";
+/// The length of [`LGUEST_EMULATE_PREFIX`].
+pub const LGUEST_EMULATE_PREFIX_LEN: usize = 5;
 
 /// Where a guest starts: the ELF entry point, in ring 3, with CS
 /// [`LGUEST_GUEST_CS`], SS [`LGUEST_GUEST_SS`], hardware IF set, virtual
@@ -628,6 +753,8 @@ const _: () = {
     assert!(size_of::<LguestVmConfig>() == 72);
     assert!(size_of::<LguestIrqfd>() == 16);
     assert!(size_of::<LguestIoeventfd>() == 16);
+    assert!(size_of::<LguestCpuid>() == 8);
+    assert!(size_of::<LguestCpuidEntry>() == 40);
     assert!(size_of::<LguestIretUser>() == 32);
     assert!(size_of::<LguestIret>() == 48);
     assert!(size_of::<LguestRegs>() == 18 * 8);

@@ -33,6 +33,24 @@ fn rust_side() -> BTreeMap<&'static str, u64> {
             abi::LGUEST_IOEVENTFD_DEASSIGN as u64,
         ),
         ("LGUEST_MAX_IOEVENTFDS", abi::LGUEST_MAX_IOEVENTFDS as u64),
+        ("LGUEST_SET_CPUID", abi::LGUEST_SET_CPUID as u64),
+        (
+            "LGUEST_MAX_CPUID_ENTRIES",
+            abi::LGUEST_MAX_CPUID_ENTRIES as u64,
+        ),
+        (
+            "LGUEST_CPUID_FLAG_SIGNIFICANT_INDEX",
+            abi::LGUEST_CPUID_FLAG_SIGNIFICANT_INDEX as u64,
+        ),
+        ("LGUEST_EMULATE_PREFIX", {
+            let mut b = [0u8; 8];
+            b[..abi::LGUEST_EMULATE_PREFIX_LEN].copy_from_slice(&abi::LGUEST_EMULATE_PREFIX);
+            u64::from_le_bytes(b)
+        }),
+        (
+            "LGUEST_EMULATE_PREFIX_LEN",
+            abi::LGUEST_EMULATE_PREFIX_LEN as u64,
+        ),
         ("LGUEST_MAX_MEM", abi::LGUEST_MAX_MEM),
         ("LGUEST_MAX_DEVICE_PAGES", abi::LGUEST_MAX_DEVICE_PAGES),
         ("LGUEST_MAX_VCPUS", abi::LGUEST_MAX_VCPUS as u64),
@@ -167,6 +185,12 @@ fn rust_layout() -> BTreeMap<String, u64> {
         abi::LguestIoeventfd,
         [addr, fd, flags]
     ));
+    all.extend(layout!("lguest_cpuid", abi::LguestCpuid, [nent, padding]));
+    all.extend(layout!(
+        "lguest_cpuid_entry",
+        abi::LguestCpuidEntry,
+        [function, index, flags, eax, ebx, ecx, edx, padding]
+    ));
     all.extend(layout!(
         "lguest_iret_user",
         abi::LguestIretUser,
@@ -235,6 +259,13 @@ const STRUCTS: &[(&str, &[&str])] = &[
     ),
     ("lguest_irqfd", &["fd", "irq", "flags", "pad"]),
     ("lguest_ioeventfd", &["addr", "fd", "flags"]),
+    ("lguest_cpuid", &["nent", "padding"]),
+    (
+        "lguest_cpuid_entry",
+        &[
+            "function", "index", "flags", "eax", "ebx", "ecx", "edx", "padding",
+        ],
+    ),
     ("lguest_iret_user", &["rax", "rip", "rflags", "rsp"]),
     ("lguest_iret", &["rax", "rip", "cs", "rflags", "rsp", "ss"]),
     ("hcall_args", &["arg0", "arg4"]),

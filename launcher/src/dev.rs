@@ -191,6 +191,23 @@ impl Lguest {
         }
     }
 
+    /// Gives the VM its CPUID table (`LGUEST_SET_CPUID`; empty: none).
+    pub fn set_cpuid(&self, table: &[abi::LguestCpuidEntry]) -> Result<(), DevError> {
+        let nent = u32::try_from(table.len()).unwrap_or(u32::MAX);
+        let mut buf: Vec<u32> = Vec::with_capacity(2 + table.len() * 10);
+        buf.extend([nent, 0]);
+        for e in table {
+            buf.extend([e.function, e.index, e.flags, e.eax, e.ebx, e.ecx, e.edx]);
+            buf.extend(e.padding);
+        }
+        // SAFETY: LGUEST_SET_CPUID reads a struct lguest_cpuid header and
+        // the `nent` 40-byte entries right after it from `buf`, which holds
+        // exactly those (2 + 10 * nent u32s, in the C layout) for the
+        // whole call.
+        let ret = unsafe { libc::ioctl(self.file.as_raw_fd(), abi::LGUEST_SET_CPUID as _, buf.as_ptr()) };
+        check("LGUEST_SET_CPUID", ret).map(drop)
+    }
+
     /// Reads vCPU `vcpu`'s registers (`LGUEST_GET_REGS`).
     pub fn get_regs(&self, vcpu: u32) -> Result<abi::LguestRegs, DevError> {
         let mut arg = abi::LguestVcpuRegs { vcpu, pad: 0, regs: abi::LguestRegs::default() };

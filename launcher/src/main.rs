@@ -14,6 +14,7 @@ use anyhow::{bail, Context, Result};
 use clap::{ArgAction, Parser, Subcommand};
 
 mod boot;
+mod cpuid;
 mod dev;
 mod exit;
 mod loader;
@@ -133,6 +134,13 @@ enum Command {
         /// filters (where on and log are errors).
         #[arg(long, value_name = "off|log|on")]
         seccomp: Option<sandbox::SeccompMode>,
+        /// What the guest's CPUID says: host (the host CPU, the default) or
+        /// filtered (the host CPU less what a guest cannot use, with the
+        /// hypervisor bit and leaf 0x40000000 "LguestLguest"; given to the
+        /// module as the VM's table, and to a plain cpuid where the host
+        /// can make CPUID fault).
+        #[arg(long, value_name = "host|filtered", default_value = "host")]
+        cpuid: cpuid::CpuidMode,
         /// Print the counters on stderr at exit: the vCPU's exits and
         /// hypercalls, the device interrupts, the guest's stray
         /// notifications, and per device its kicks, interrupts, packets or
@@ -199,6 +207,7 @@ fn main() -> ExitCode {
             no_ioeventfd,
             sync_kicks,
             seccomp,
+            cpuid,
             stats,
             guest,
             args,
@@ -209,6 +218,7 @@ fn main() -> ExitCode {
             args: args.clone(),
             irq_every: *irq_every,
             seccomp: *seccomp,
+            cpuid: *cpuid,
             devices: run::DeviceOptions {
                 console: if *no_console { virtio::console::ConsoleMode::Off } else { console.clone() },
                 serial: serial.clone(),

@@ -28,6 +28,7 @@ use anyhow::{bail, Context, Result};
 use lguest_abi as abi;
 
 use crate::boot;
+use crate::cpuid::{self, CpuidMode};
 use crate::dev::{DevError, ExitData, Lguest, RunPage};
 use crate::exit::{self, Action};
 use crate::loader;
@@ -62,6 +63,8 @@ pub struct RunOptions {
     pub irq_every: Option<(u64, u32)>,
     /// The seccomp filters' mode (`None`: on where the kernel has them).
     pub seccomp: Option<SeccompMode>,
+    /// What the guest's CPUID says.
+    pub cpuid: CpuidMode,
     /// The devices on the lguest bus.
     pub devices: DeviceOptions,
 }
@@ -244,6 +247,11 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
         reserved: [0; 4],
     };
     lg.create_vm(&config)?;
+    if opts.cpuid == CpuidMode::Filtered {
+        let table = cpuid::filter(cpuid::host_table());
+        log::debug!("CPUID table: {} entries", table.len());
+        lg.set_cpuid(&table).context("setting the guest's CPUID (--cpuid filtered)")?;
+    }
     let bus = Bus::new(&mem, models, |irq| irq_line(&lg, irq)).context("setting up the lguest bus")?;
     bus.set_vcpu_kick(Box::new(signals::kick_vcpu));
     if opts.devices.sync_kicks {
@@ -308,6 +316,21 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
             });
         }
         signals::unblock();
+        // The table also answers the guest's plain cpuid where this
+        // thread can make CPUID fault.
+        let faulting = opts.cpuid == CpuidMode::Filtered
+            && match cpuid::fault_on_this_thread() {
+                Ok(on) => {
+                    if !on {
+                        log::info!("this host cannot make CPUID fault: the table answers the emulation prefix only");
+                    }
+                    on
+                }
+                Err(e) => {
+                    log::warn!("arch_prctl(ARCH_SET_CPUID): {e}: the table answers the emulation prefix only");
+                    false
+                }
+            };
         enter_or_exit(Role::Vcpu);
         let vcpu = DevVcpu { lg: &lg, index: vcpu, page: &page };
         let format = opts.devices.stats.unwrap_or(StatsFormat::Text);
@@ -321,6 +344,11 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
         };
         let hooks = Hooks { stop_signal: &signals::stop_signal, fatal: &|| bus.fatal(), dump: &dump };
         let r = run_loop(&vcpu, &mem, Some(&bus), &mut *stdout, &hooks);
+        if faulting {
+            if let Err(e) = cpuid::no_fault_on_this_thread() {
+                log::warn!("arch_prctl(ARCH_SET_CPUID, 1): {e}");
+            }
+        }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         bus.shutdown();
         r

@@ -200,6 +200,11 @@ fn program(role: Role, mismatch: SeccompAction) -> Result<BpfProgram, SandboxErr
         let pid = unsafe { libc::getpid() } as u64;
         let stop = SeccompRule::new(vec![arg(0, pid)?, arg(1, libc::SIGSTOP as u64)?]).map_err(|e| err(&e))?;
         rules.insert(libc::SYS_kill, vec![stop]);
+        // `--cpuid filtered` on a host with CPUID faulting: the fault is
+        // turned off again when the guest is done (cpuid.rs).
+        let cpuid_on =
+            SeccompRule::new(vec![arg(0, crate::cpuid::ARCH_SET_CPUID as u64)?, arg(1, 1)?]).map_err(|e| err(&e))?;
+        rules.insert(libc::SYS_arch_prctl, vec![cpuid_on]);
     }
     let arch = std::env::consts::ARCH.try_into().map_err(|e| err(&e))?;
     let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, arch).map_err(|e| err(&e))?;

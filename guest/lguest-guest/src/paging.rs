@@ -350,9 +350,30 @@ fn notify(nr: u64, a1: u64, a2: u64, a3: u64) {
     }
 }
 
+/// Whether table changes are reported ([`set_reporting`]).
+static REPORTING: AtomicBool = AtomicBool::new(true);
+
+/// Turns the reports of table changes off (or on again). Only for a guest
+/// with TLB-semantics shadows ([`crate::data::tlb_shadows`]), which then
+/// invalidates as a kernel does on hardware: [`invlpg`] after changing a
+/// page of the current address space, [`flush_all`], or a switch
+/// ([`AddressSpace::activate`], which drops every non-global shadow). The
+/// host keeps using a changed entry's old value until then. Without TLB
+/// semantics the host would use old values for ever: refused (`false`).
+pub fn set_reporting(on: bool) -> bool {
+    if !on && !crate::data::tlb_shadows() {
+        return false;
+    }
+    REPORTING.store(on, Ordering::Relaxed);
+    true
+}
+
 /// Reports that the entry of `level` for `va` in `root`'s tables became
-/// `value`.
+/// `value` (unless reports are off).
 fn report(root: u64, va: u64, level: u32, value: u64) {
+    if !REPORTING.load(Ordering::Relaxed) {
+        return;
+    }
     match level {
         1 => notify(LHCALL_SET_PTE, root, va, value),
         2 => notify(LHCALL_SET_PMD, root, va, value),

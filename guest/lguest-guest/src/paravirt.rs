@@ -52,6 +52,9 @@ pub trait Paravirt {
     fn set_clockevent(delta_ns: u64);
     /// Runs the hypercalls queued in the async ring.
     fn flush_async();
+    /// CPUID of `leaf`, `subleaf` as the launcher wants the guest to see
+    /// it: EAX, EBX, ECX, EDX.
+    fn cpuid(leaf: u32, subleaf: u32) -> [u32; 4];
 }
 
 /// The lguest backend of [`Paravirt`].
@@ -148,7 +151,38 @@ pub fn flush_async() {
     hcall_plain(LHCALL_FLUSH_ASYNC, 0);
 }
 
+/// CPUID through the forced-emulation prefix (`LGUEST_EMULATE_PREFIX`):
+/// the host answers from the launcher's table (`LGUEST_SET_CPUID`, e.g.
+/// `lguest run --cpuid filtered`), or with the host CPU's values if the
+/// launcher set none. It costs one exit, like a hypercall; a plain `cpuid`
+/// shows the host CPU wherever the host cannot make CPUID fault.
+pub fn cpuid(leaf: u32, subleaf: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: the prefix's `ud2` traps to the host, which emulates the
+    // `cpuid` after it and resumes past both, changing only the four
+    // registers declared here; RBX, reserved by LLVM, is saved in a
+    // scratch register around it.
+    unsafe {
+        core::arch::asm!(
+            "mov {b:r}, rbx",
+            ".byte 0x0f, 0x0b, 0x6c, 0x67, 0x75",
+            "cpuid",
+            "xchg {b:r}, rbx",
+            b = out(reg) b,
+            inout("eax") leaf => a,
+            inout("ecx") subleaf => c,
+            out("edx") d,
+            options(nostack, preserves_flags),
+        )
+    }
+    [a, b, c, d]
+}
+
 impl Paravirt for Lguest {
+    #[inline]
+    fn cpuid(leaf: u32, subleaf: u32) -> [u32; 4] {
+        cpuid(leaf, subleaf)
+    }
     #[inline]
     fn irq_disable() {
         irq_disable();

@@ -89,6 +89,27 @@ struct lguest_ioeventfd {
 	__u32 flags;		/* 0 or LGUEST_IOEVENTFD_DEASSIGN */
 };
 
+#define LGUEST_MAX_CPUID_ENTRIES	256
+#define LGUEST_CPUID_FLAG_SIGNIFICANT_INDEX	1
+
+/* LGUEST_SET_CPUID's argument: the header, then nent entries (KVM's shape). */
+struct lguest_cpuid_entry {
+	__u32 function;		/* the leaf (EAX) */
+	__u32 index;		/* the subleaf (ECX), with SIGNIFICANT_INDEX */
+	__u32 flags;		/* 0 or LGUEST_CPUID_FLAG_SIGNIFICANT_INDEX */
+	__u32 eax;
+	__u32 ebx;
+	__u32 ecx;
+	__u32 edx;
+	__u32 padding[3];	/* must be 0 */
+};
+
+struct lguest_cpuid {
+	__u32 nent;		/* at most LGUEST_MAX_CPUID_ENTRIES; 0 removes the table */
+	__u32 padding;		/* must be 0 */
+	struct lguest_cpuid_entry entries[];
+};
+
 #define LGUEST_GET_API_VERSION	_IO(LGUEST_IOC_MAGIC, 0x40)
 #define LGUEST_CREATE_VM	_IOW(LGUEST_IOC_MAGIC, 0x41, struct lguest_vm_config)
 #define LGUEST_CREATE_VCPU	_IO(LGUEST_IOC_MAGIC, 0x42)
@@ -98,9 +119,17 @@ struct lguest_ioeventfd {
 #define LGUEST_IRQ		_IO(LGUEST_IOC_MAGIC, 0x46)
 #define LGUEST_IRQFD		_IOW(LGUEST_IOC_MAGIC, 0x47, struct lguest_irqfd)
 #define LGUEST_IOEVENTFD	_IOW(LGUEST_IOC_MAGIC, 0x48, struct lguest_ioeventfd)
+#define LGUEST_SET_CPUID	_IOW(LGUEST_IOC_MAGIC, 0x49, struct lguest_cpuid)
 
 /* The guest ABI: hypercalls are made with `int $LGUEST_TRAP_ENTRY`. */
 #define LGUEST_TRAP_ENTRY	0x1F
+/*
+ * The forced-emulation prefix: ud2, then "lgu". A cpuid right after it is
+ * emulated by the host from the LGUEST_SET_CPUID table: the bytes
+ * 0f 0b 6c 67 75, here as a little-endian number.
+ */
+#define LGUEST_EMULATE_PREFIX	0x75676c0b0fULL
+#define LGUEST_EMULATE_PREFIX_LEN	5
 #define LGUEST_CMDLINE_MAX	4096
 #define LGUEST_LOAD_MIN		0x100000
 /* The end of the guest-virtual addresses a guest may map and run at. */

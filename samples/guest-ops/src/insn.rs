@@ -60,6 +60,8 @@ const INSNS: &[Insn] = &[
     Insn { name: "ud2", what: "ud2", run: ud2 },
     Insn { name: "fpu", what: "fninit (x87)", run: fpu },
     Insn { name: "sse", what: "xorps %xmm0,%xmm0 (SSE)", run: sse },
+    Insn { name: "cpuid", what: "cpuid (leaves 0x40000000 and 1, with the emulation prefix, then plain)", run: cpuid },
+    Insn { name: "badprefix", what: "the emulation prefix before a nop", run: badprefix },
     Insn { name: "readnull", what: "mov (0),%rax", run: readnull },
     Insn { name: "divzero", what: "div %rcx (rcx = 0)", run: divzero },
 ];
@@ -157,6 +159,39 @@ fn readcr8(name: &str) {
     // SAFETY: see the module documentation; only the output register changes.
     unsafe { asm!("mov rax, cr8", out("rax") cr8, options(nomem, nostack)) }
     println!("guest-ops: {name}: cr8 = {cr8:#x}");
+}
+
+/// CPUID of `leaf` (subleaf 0) behind the forced-emulation prefix.
+fn cpuid_prefixed(leaf: u32) -> [u32; 4] {
+    lguest_guest::paravirt::cpuid(leaf, 0)
+}
+
+/// The 12 bytes of EBX, ECX, EDX, non-printable ones as dots.
+fn vendor(v: [u32; 4]) -> [u8; 12] {
+    let mut s = [0u8; 12];
+    for (i, w) in v[1..].iter().enumerate() {
+        for (j, b) in w.to_le_bytes().into_iter().enumerate() {
+            s[4 * i + j] = if b.is_ascii_graphic() { b } else { b'.' };
+        }
+    }
+    s
+}
+
+fn cpuid(name: &str) {
+    let hv = cpuid_prefixed(0x4000_0000);
+    let v = vendor(hv);
+    let v = core::str::from_utf8(&v).unwrap_or("?");
+    println!("guest-ops: {name}: prefixed 0x40000000: eax {:#x} vendor {v}", hv[0]);
+    let l1 = cpuid_prefixed(1);
+    println!("guest-ops: {name}: prefixed 1: ecx {:#x} edx {:#x}", l1[2], l1[3]);
+    let plain = core::arch::x86_64::__cpuid_count(1, 0);
+    println!("guest-ops: {name}: plain 1: ecx {:#x} edx {:#x}", plain.ecx, plain.edx);
+}
+
+fn badprefix(_: &str) {
+    // SAFETY: see the module documentation; the prefix's ud2 is a #UD the
+    // host does not emulate (no cpuid follows), so the guest is killed.
+    unsafe { asm!(".byte 0x0f, 0x0b, 0x6c, 0x67, 0x75", "nop", options(nomem, nostack)) }
 }
 
 fn wbinvd(_: &str) {

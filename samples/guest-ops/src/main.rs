@@ -17,7 +17,7 @@
 //!   `readcr3`, `writecr3`, `in`, `out`, `wrmsr`, `rdmsr`, `sgdt`, `sidt`,
 //!   `syscall`, `sysenter`, `int80`, `int3`, `ud2`, `fpu`, `sse`,
 //!   `readnull`, `divzero`, `readswitcher ADDR`, `writeswitcher ADDR` (ADDR
-//!   in hex);
+//!   in hex), and `cpuid`, `badprefix` (the forced-emulation prefix);
 //! - traps delivered to handlers: `trap NAME` (see [`trap`]);
 //! - interrupts and the timer: `irqpending`, `twoirqs [MS]`, `timer N`,
 //!   `sleep MS`, `irqstorm N`, `latency`, `window [N]` (see [`irq`]).

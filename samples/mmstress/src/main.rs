@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
-//! `mmstress seed=N [ops=N]`: seeded random page-table operations on three
-//! address spaces, each access checked against a model.
+//! `mmstress seed=N [ops=N] [tlb]`: seeded random page-table operations on
+//! three address spaces, each access checked against a model.
 //!
 //! The model knows, for every address space, which user slots are mapped
 //! (96 4 KiB slots that straddle a page-table boundary, and 4 2 MiB slots),
@@ -23,6 +23,18 @@
 //!   says what must happen: the value read, or a page fault with which
 //!   error code (P, W, U) at which address; after a success the entry must
 //!   have A set (and D after a write).
+//!
+//! With the word `tlb` (and the library's `tlbshadows`: TLB-semantics
+//! shadows) the guest reports nothing ([`paging::set_reporting`]) and
+//! relies on TLB semantics instead, as a kernel on hardware does: after a
+//! change in the active space it makes `LHCALL_INVLPG` of the page (of any
+//! 4 KiB page inside a 2 MiB one) 6 times in 10, or when the page already
+//! has [`STALE`] old translations the host may still use; switches and
+//! flushes drop them all. The model keeps, per slot of the active space,
+//! the old mappings the host may still use: an access may then succeed
+//! through any of them (a read gives that mapping's page's word, a write
+//! lands in exactly one of their pages), and a fault must be the one the
+//! current entry gives (the host walks the guest's tables on a fault).
 //!
 //! Every 10000 operations, and at the end, every model word is compared
 //! with memory. The first difference crashes the guest with the operation
@@ -61,6 +73,9 @@ const USER_STACK_TOP: u64 = USER_START + 0x40_0000;
 /// The slots: small ones straddle the page-table boundary at 4 MiB + 2 MiB.
 const SMALL_BASE: u64 = USER_START + 0x60_0000 - (SMALL_SLOTS as u64 / 2) * PAGE_SIZE;
 const LARGE_BASE: u64 = USER_START + (1 << 30);
+
+/// Old translations of one slot the model tracks at most (TLB mode).
+const STALE: usize = 3;
 
 const PF_P: u64 = 1;
 const PF_W: u64 = 2;
@@ -136,6 +151,8 @@ struct Stats {
     protects: u64,
     switches: u64,
     flushes: u64,
+    invlpgs: u64,
+    stale_hits: u64,
     recreates: u64,
     batches: u64,
     accesses: u64,
@@ -155,6 +172,11 @@ struct Stress {
     user_pages: (u64, u64),
     stack: u64,
     stats: Stats,
+    /// TLB mode: no reports, `INVLPG` and the model's old translations.
+    tlb: bool,
+    /// TLB mode: per slot of the active space, old mappings the host may
+    /// still translate with (small slots, then large ones).
+    stale: [[Option<Map>; STALE]; SMALL_SLOTS + LARGE_SLOTS],
 }
 
 fn words() -> &'static mut [[u64; WORDS_PER_PAGE]; PAGES] {
@@ -271,6 +293,40 @@ impl Stress {
         } else {
             self.spaces[s].small[i] = new;
         }
+        if self.tlb && s == self.active {
+            let k = Self::stale_index(large, i);
+            // No room for one more old translation: invalidate this change.
+            let mut full = false;
+            if let Some(old) = cur {
+                let list = &mut self.stale[k];
+                if !list.contains(&Some(old)) {
+                    match list.iter_mut().find(|m| m.is_none()) {
+                        Some(free) => *free = Some(old),
+                        None => full = true,
+                    }
+                }
+            }
+            if full || self.rng.chance(600) {
+                // Any 4 KiB page of a large one names all of it.
+                let sub = if large { self.rng.below(512) * PAGE_SIZE } else { 0 };
+                paging::invlpg(va + sub);
+                self.stale[k] = [None; STALE];
+                self.stats.invlpgs += 1;
+            }
+        }
+    }
+
+    fn stale_index(large: bool, i: usize) -> usize {
+        if large {
+            SMALL_SLOTS + i
+        } else {
+            i
+        }
+    }
+
+    /// Whether `m` lets this access through.
+    fn permits(m: &Map, write: bool, user_mode: bool) -> bool {
+        (!user_mode || m.flags & pte::US != 0) && (!write || m.flags & pte::RW != 0)
     }
 
     /// One access in the active space, checked against the model.
@@ -318,38 +374,72 @@ impl Stress {
         self.stats.faults_seen += u64::from(matches!(result, Err((14, _, _))));
         let what = if write { "write" } else { "read" };
         let mode = if user_mode { "user" } else { "kernel" };
-        match (result, expect_fault, page) {
-            (Err((14, error, cr2)), Some(want), _) if error == want && cr2 == va => {}
-            (Err((vector, error, cr2)), want, _) => self.fail(format_args!(
-                "{mode} {what} of {va:#x} in space {} ({map:x?}): vector {vector} error {error:#x} cr2 {cr2:#x}, \
-                 expected {want:#x?}",
+        // The pages an access may reach: through the current mapping if it
+        // permits the access, or through an old one the host may still use
+        // (TLB mode).
+        let pool_page = |m: &Map| if large { SMALL_FRAMES + m.frame * 512 + sub as usize } else { m.frame };
+        let mut reach: [Option<usize>; STALE + 1] = [None; STALE + 1];
+        if expect_fault.is_none() {
+            reach[0] = page;
+        }
+        let stale = if self.tlb { self.stale[Self::stale_index(large, i)] } else { [None; STALE] };
+        for (r, m) in reach[1..].iter_mut().zip(stale.iter()) {
+            if let Some(m) = m.filter(|m| Self::permits(m, write, user_mode)) {
+                *r = Some(pool_page(&m));
+            }
+        }
+        let has_stale = stale.iter().any(|m| m.is_some());
+        match (result, expect_fault) {
+            (Err((14, error, cr2)), Some(want)) if error == want && cr2 == va => {}
+            (Err((vector, error, cr2)), want) => self.fail(format_args!(
+                "{mode} {what} of {va:#x} in space {} ({map:x?}, old {stale:x?}): vector {vector} error {error:#x} \
+                 cr2 {cr2:#x}, expected {want:#x?}",
                 self.active
             )),
-            (Ok(got), Some(want), _) => self.fail(format_args!(
-                "{mode} {what} of {va:#x} in space {} ({map:x?}) did not fault (got {got:#x}), expected error \
-                 {want:#x}",
+            (Ok(got), _) if reach.iter().all(|r| r.is_none()) => self.fail(format_args!(
+                "{mode} {what} of {va:#x} in space {} ({map:x?}, old {stale:x?}) did not fault (got {got:#x}), \
+                 expected error {expect_fault:#x?}",
                 self.active
             )),
-            (Ok(got), None, Some(page)) => {
-                let model = &mut words()[page][w];
+            (Ok(got), _) => {
+                if expect_fault.is_some() {
+                    self.stats.stale_hits += 1;
+                }
                 if write {
-                    *model = value;
-                } else if got != *model {
-                    let (m, pa) = (*model, self.page_pa(page) + OFFSETS[w]);
+                    // The value is random: the page that holds it now is
+                    // the one the write went to.
+                    let Some(p) =
+                        reach.iter().flatten().copied().find(|&p| phys_read(self.page_pa(p) + OFFSETS[w]) == value)
+                    else {
+                        self.fail(format_args!(
+                            "{mode} write of {va:#x} in space {} ({map:x?}, old {stale:x?}) reached none of the \
+                             pages {reach:?}",
+                            self.active
+                        ))
+                    };
+                    words()[p][w] = value;
+                } else if !reach.iter().flatten().any(|&p| words()[p][w] == got) {
+                    let p = reach.iter().flatten().copied().next().unwrap_or(0);
+                    let (m, pa) = (words()[p][w], self.page_pa(p) + OFFSETS[w]);
                     self.fail(format_args!(
-                        "{mode} read of {va:#x} in space {} ({map:x?}): {got:#x}, model {m:#x}, memory at {pa:#x} {:#x}",
+                        "{mode} read of {va:#x} in space {} ({map:x?}, old {stale:x?}): {got:#x}, model {m:#x}, \
+                         memory at {pa:#x} {:#x}",
                         self.active,
                         phys_read(pa)
                     ));
                 }
-                let level = if large { 2 } else { 1 };
-                let e = self.spaces[self.active].space.entry(va, level).unwrap_or(0);
-                let want = pte::A | if write { pte::D } else { 0 };
-                if e & want != want {
-                    self.fail(format_args!("after a {mode} {what} of {va:#x} the entry is {e:#x}"));
+                // The accessed and dirty bits are the current entry's when
+                // the host filled the shadow from it; an old translation
+                // sets nothing.
+                if !has_stale {
+                    let level = if large { 2 } else { 1 };
+                    let e = self.spaces[self.active].space.entry(va, level).unwrap_or(0);
+                    let want = pte::A | if write { pte::D } else { 0 };
+                    if e & want != want {
+                        self.fail(format_args!("after a {mode} {what} of {va:#x} the entry is {e:#x}"));
+                    }
                 }
             }
-            (Ok(_), None, None) => unreachable!(),
         }
     }
 
@@ -381,6 +471,7 @@ impl Stress {
             390..=429 => {
                 self.active = (self.active + 1 + self.rng.below(SPACES as u64 - 1) as usize) % SPACES;
                 self.spaces[self.active].space.activate();
+                self.stale = [[None; STALE]; SMALL_SLOTS + LARGE_SLOTS];
                 self.stats.switches += 1;
             }
             430..=434 => {
@@ -389,6 +480,7 @@ impl Stress {
                 } else {
                     self.spaces[self.active].space.activate();
                 }
+                self.stale = [[None; STALE]; SMALL_SLOTS + LARGE_SLOTS];
                 self.stats.flushes += 1;
             }
             435..=436 => {
@@ -426,13 +518,17 @@ fn new_space(user_pages: (u64, u64), stack: u64) -> Space {
 }
 
 fn usage() -> ! {
-    println!("mmstress: usage: mmstress seed=N [ops=N]");
+    println!("mmstress: usage: mmstress seed=N [ops=N] [tlb] (tlb needs the word tlbshadows too)");
     crash_fmt(format_args!("mmstress: bad command line"))
 }
 
 fn main(args: Args) -> ! {
-    let (mut seed, mut ops) = (None, 100_000u64);
+    let (mut seed, mut ops, mut tlb) = (None, 100_000u64, false);
     for word in args {
+        if word == "tlb" {
+            tlb = true;
+            continue;
+        }
         let Some((key, value)) = word.split_once('=') else { usage() };
         let Ok(value) = value.parse::<u64>() else { usage() };
         match key {
@@ -443,6 +539,9 @@ fn main(args: Args) -> ! {
     }
     let Some(seed) = seed else { usage() };
 
+    if tlb && !paging::set_reporting(false) {
+        usage();
+    }
     frames::init_free_ram();
     if let Err(e) = paging::init_kernel() {
         crash_fmt(format_args!("mmstress: kernel map: {e}"));
@@ -475,6 +574,8 @@ fn main(args: Args) -> ! {
         user_pages,
         stack,
         stats: Stats::default(),
+        tlb,
+        stale: [[None; STALE]; SMALL_SLOTS + LARGE_SLOTS],
     };
     for page in 0..PAGES {
         for (w, &off) in OFFSETS.iter().enumerate() {
@@ -502,8 +603,8 @@ fn main(args: Args) -> ! {
     let (ptes, flushes, switches) = paging::stats();
     println!(
         "mmstress: seed {seed}: {ops} ops ({} map, {} unmap, {} protect, {} batches, {} switch, {} flush, {} recreate), \
-         {} accesses ({} from user mode), faults expected {} seen {}; {ptes} SET_PTE, {flushes} flushes, \
-         {switches} NEW_PGTABLE; {ms} ms",
+         {} accesses ({} from user mode), faults expected {} seen {}; {ptes} SET_PTE or INVLPG, {flushes} flushes, \
+         {switches} NEW_PGTABLE; {} INVLPG, {} accesses through old translations; {ms} ms",
         s.maps,
         s.unmaps,
         s.protects,
@@ -514,7 +615,9 @@ fn main(args: Args) -> ! {
         s.accesses,
         s.user_accesses,
         s.faults_expected,
-        s.faults_seen
+        s.faults_seen,
+        s.invlpgs,
+        s.stale_hits
     );
     println!("mmstress: seed {seed}: done");
     poweroff_fmt(format_args!("mmstress: seed {seed}: done"))

@@ -62,7 +62,7 @@ use std::time::{Duration, Instant};
 use lguest_abi as abi;
 use lguest_selftests::{self as t, check, check_eq, fail, Mapping, TestResult};
 use libc::{
-    EACCES, EAGAIN, EBADF, EBUSY, EEXIST, EFAULT, EINTR, EINVAL, ENOENT, ENOMEM, ENOSPC, ENOTTY, EOPNOTSUPP, EOVERFLOW,
+    E2BIG, EACCES, EAGAIN, EBADF, EBUSY, EEXIST, EFAULT, EINTR, EINVAL, ENOENT, ENOMEM, ENOSPC, ENOTTY, EOPNOTSUPP, EOVERFLOW,
     EPERM,
 };
 
@@ -88,7 +88,7 @@ const KERNEL_ADDRS: [u64; 7] = [
 ];
 
 /// The lguest ioctls.
-const LGUEST_CMDS: [u32; 9] = [
+const LGUEST_CMDS: [u32; 10] = [
     abi::LGUEST_GET_API_VERSION,
     abi::LGUEST_CREATE_VM,
     abi::LGUEST_CREATE_VCPU,
@@ -98,6 +98,7 @@ const LGUEST_CMDS: [u32; 9] = [
     abi::LGUEST_IRQ,
     abi::LGUEST_IRQFD,
     abi::LGUEST_IOEVENTFD,
+    abi::LGUEST_SET_CPUID,
 ];
 
 /// ioctl type bytes that the VFS answers itself for every file (FIGETBSZ,
@@ -276,6 +277,7 @@ fn ename(code: Code) -> String {
     let s = match code {
         0 => "ok",
         EPERM => "EPERM",
+        E2BIG => "E2BIG",
         ENOENT => "ENOENT",
         libc::ESRCH => "ESRCH",
         EINTR => "EINTR",
@@ -316,6 +318,7 @@ enum Call {
     Irq,
     Irqfd,
     Ioeventfd,
+    SetCpuid,
     Unknown,
     Open,
     Close,
@@ -347,6 +350,7 @@ impl Call {
             Call::Irq => "IRQ",
             Call::Irqfd => "IRQFD",
             Call::Ioeventfd => "IOEVENTFD",
+            Call::SetCpuid => "SET_CPUID",
             Call::Unknown => "unknown ioctl",
             Call::Open => "open",
             Call::Close => "close",
@@ -385,6 +389,7 @@ impl Call {
             Call::Irqfd | Call::Ioeventfd => {
                 OK | b(EFAULT) | b(EINVAL) | b(EBADF) | b(EEXIST) | b(ENOSPC) | b(ENOENT) | b(ENOMEM)
             }
+            Call::SetCpuid => OK | b(EFAULT) | b(E2BIG) | b(EINVAL) | b(ENOENT) | b(EBUSY) | b(ENOMEM),
             Call::Unknown => b(ENOTTY),
             Call::Mmap => OK | b(EINVAL) | b(ENOENT) | b(ENOMEM) | b(EPERM) | b(EACCES) | b(EOVERFLOW) | b(EOPNOTSUPP),
             Call::Read | Call::Write => b(EINVAL),
@@ -1542,6 +1547,96 @@ impl Fuzz {
         }
     }
 
+    /// LGUEST_SET_CPUID: a header and up to four entries, well-formed or
+    /// not, in the arena, at an unreadable address, or with its header
+    /// readable and its entries not; the expected error follows the
+    /// module's order of checks (api.rst 4.10).
+    fn op_set_cpuid(&mut self, f: FileSlot) {
+        let nent = match self.rng.below(20) {
+            0 => self.rng.pick(&[257u64, 1000, 1 << 31, u32::MAX as u64]) as u32,
+            1..=3 => 0,
+            _ => 1 + self.rng.below(4) as u32,
+        };
+        let padding = if self.rng.one_in(15) { 1 + self.rng.below(u32::MAX as u64) as u32 } else { 0 };
+        let mut entries = Vec::new();
+        for _ in 0..nent.min(4) {
+            let mut e = abi::LguestCpuidEntry {
+                function: self.rng.pick(&[0u64, 1, 7, 0xd, 0x4000_0000, 0x8000_0001]) as u32,
+                index: self.rng.below(3) as u32,
+                flags: self.rng.pick(&[0u64, 1, 1, 2, 4]) as u32,
+                eax: self.rng.next() as u32,
+                ebx: self.rng.next() as u32,
+                ecx: self.rng.next() as u32,
+                edx: self.rng.next() as u32,
+                padding: [0; 3],
+            };
+            if self.rng.one_in(20) {
+                e.padding[self.rng.below(3) as usize] = 1;
+            }
+            entries.push(e);
+        }
+        let mut bytes = Vec::new();
+        bytes.extend(nent.to_ne_bytes());
+        bytes.extend(padding.to_ne_bytes());
+        for e in &entries {
+            for w in [e.function, e.index, e.flags, e.eax, e.ebx, e.ecx, e.edx] {
+                bytes.extend(w.to_ne_bytes());
+            }
+            for w in e.padding {
+                bytes.extend(w.to_ne_bytes());
+            }
+        }
+        let o = &self.ofds[f.ofd];
+        let after_header = if padding != 0 {
+            b(EINVAL)
+        } else if nent > abi::LGUEST_MAX_CPUID_ENTRIES {
+            b(E2BIG)
+        } else {
+            OK
+        };
+        let table_expect = if !abi::cpuid_table_valid(&entries) {
+            b(EINVAL)
+        } else if !o.vm {
+            b(ENOENT)
+        } else {
+            OK | b(ENOMEM)
+        };
+        let (addr, expect) = match self.rng.below(10) {
+            // In the arena: all of it readable.
+            0..=6 => {
+                let a = self.arena;
+                // SAFETY: at most 8 + 4 * 40 bytes at the start of the
+                // arena's first page, mapped read-write for the whole test.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), a as *mut u8, bytes.len()) };
+                let e = match after_header {
+                    OK => table_expect,
+                    e => e,
+                };
+                (a, e)
+            }
+            // The header at the end of page 2, the entries in page 3
+            // (no access).
+            7 => {
+                let a = self.arena + 3 * PAGE - 8;
+                // SAFETY: the last 8 bytes of the arena's third page,
+                // mapped read-write.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), a as *mut u8, 8) };
+                let e = match after_header {
+                    OK if nent == 0 => table_expect,
+                    OK => b(EFAULT),
+                    e => e,
+                };
+                (a, e)
+            }
+            // The read-only page: all zeros, an empty table.
+            8 => (self.arena + PAGE, if o.vm { OK | b(ENOMEM) } else { b(ENOENT) }),
+            _ => (self.rng.pick(&[0, 1, 8, 0xff8, self.arena + 3 * PAGE]), b(EFAULT)),
+        };
+        let _ = self.call(Call::SetCpuid, f.fd, u64::from(nent), addr, expect, || {
+            ioctl_raw(f.fd, abi::LGUEST_SET_CPUID, addr)
+        });
+    }
+
     fn gen_unknown_cmd(&mut self) -> u32 {
         loop {
             let cmd = match self.rng.below(3) {
@@ -2114,7 +2209,8 @@ impl Fuzz {
             656..=695 => self.op_irq(f),
             696..=745 => self.op_irqfd(f),
             746..=805 => self.op_ioeventfd(f),
-            806..=835 => self.op_unknown(f),
+            806..=820 => self.op_unknown(f),
+            821..=835 => self.op_set_cpuid(f),
             836..=925 => self.op_mmap(f),
             926..=962 => self.op_read_write(f, false),
             _ => self.op_read_write(f, true),

@@ -472,24 +472,7 @@ fn user_mode() -> TestResult {
             blob(std::ptr::addr_of!(lguest_user_prog_start), std::ptr::addr_of!(lguest_user_prog_end)),
         )
     };
-    let vm = TestVm::new(&kernel)?;
-    vm.mem.write(0x11_0000, &user);
-    const P: u64 = 1;
-    const RW: u64 = 2;
-    const US: u64 = 4;
-    let (pml4, pdpt, pd, pt) = (0x30_0000u64, 0x30_1000u64, 0x30_2000u64, 0x30_3000u64);
-    let e = |at: u64, v: u64| vm.mem.put::<u64>(at as usize, v);
-    e(pml4, pdpt | P | RW | US);
-    e(pdpt, pd | P | RW | US);
-    e(pd, pt | P | RW | US);
-    for page in 0x100u64..0x200 {
-        let flags = match page {
-            0x110 => P | US,
-            0x120 => P | RW | US,
-            _ => P | RW,
-        };
-        e(pt + 8 * page, (page << 12) | flags);
-    }
+    let vm = user_vm(&kernel, &user)?;
     let mut notes = Vec::new();
     for _ in 0..16 {
         check_eq!(vm.run(), Ok(0), "RUN");
@@ -515,6 +498,32 @@ fn user_mode() -> TestResult {
     let shadow: u64 = vm.run_page().read(48);
     check!(shadow > 2 && shadow < 64, "shadow pages: {shadow}");
     Ok(())
+}
+
+/// A VM for the user-mode guest kernel `kernel` (at CODE) and its user
+/// program `user` (at 0x110000), with the tables the kernel switches to
+/// (at 0x300000): 1-2 MiB identity-mapped, supervisor-only but for the
+/// user program's page (read-only) and its stack page (0x120000).
+fn user_vm(kernel: &[u8], user: &[u8]) -> Result<TestVm, t::NotPassed> {
+    let vm = TestVm::new(kernel)?;
+    vm.mem.write(0x11_0000, user);
+    const P: u64 = 1;
+    const RW: u64 = 2;
+    const US: u64 = 4;
+    let (pml4, pdpt, pd, pt) = (0x30_0000u64, 0x30_1000u64, 0x30_2000u64, 0x30_3000u64);
+    let e = |at: u64, v: u64| vm.mem.put::<u64>(at as usize, v);
+    e(pml4, pdpt | P | RW | US);
+    e(pdpt, pd | P | RW | US);
+    e(pd, pt | P | RW | US);
+    for page in 0x100u64..0x200 {
+        let flags = match page {
+            0x110 => P | US,
+            0x120 => P | RW | US,
+            _ => P | RW,
+        };
+        e(pt + 8 * page, (page << 12) | flags);
+    }
+    Ok(vm)
 }
 
 // A guest for the shadow teardown test: on its own tables (at 0x300000,
@@ -2381,6 +2390,268 @@ fn second_thread_during_run() -> TestResult {
     Ok(())
 }
 
+// Guests for the CPUID test. The kernel (at CODE) makes four CPUIDs and
+// stores RAX, RBX, RCX and RDX of each (32 bytes) from 0x190000: with the
+// forced-emulation prefix, leaf 0x40000000 (ECX 5, junk in the upper
+// halves and in RBX and RDX), leaf 7 subleaf 1, leaf 7 subleaf 2; then a
+// plain CPUID of leaf 0x40000000. Then it powers off. The user program
+// (for the user-mode kernel above) makes the prefixed CPUID of leaf
+// 0x40000000 and reports EAX, then EBX, with system calls. The last
+// guest puts the prefix before a `nop`.
+core::arch::global_asm!(
+    ".pushsection .rodata.lguest_guest_cpuid, \"a\"",
+    ".globl lguest_guest_cpuid_start",
+    ".globl lguest_guest_cpuid_end",
+    ".globl lguest_user_cpuid_start",
+    ".globl lguest_user_cpuid_end",
+    ".globl lguest_guest_badprefix_start",
+    ".globl lguest_guest_badprefix_end",
+    "lguest_guest_cpuid_start:",
+    "mov esp, 0x170000",
+    "mov eax, 1",
+    "mov edi, 0x180000",
+    "int 0x1f",
+    "movabs rax, 0xdead000040000000",
+    "movabs rcx, 0xdead000000000005",
+    "mov rbx, -1",
+    "mov rdx, -1",
+    ".byte 0x0f, 0x0b, 0x6c, 0x67, 0x75",
+    "cpuid",
+    "mov qword ptr [0x190000], rax",
+    "mov qword ptr [0x190008], rbx",
+    "mov qword ptr [0x190010], rcx",
+    "mov qword ptr [0x190018], rdx",
+    "mov eax, 7",
+    "mov ecx, 1",
+    ".byte 0x0f, 0x0b, 0x6c, 0x67, 0x75",
+    "cpuid",
+    "mov qword ptr [0x190020], rax",
+    "mov qword ptr [0x190028], rbx",
+    "mov qword ptr [0x190030], rcx",
+    "mov qword ptr [0x190038], rdx",
+    "mov eax, 7",
+    "mov ecx, 2",
+    ".byte 0x0f, 0x0b, 0x6c, 0x67, 0x75",
+    "cpuid",
+    "mov qword ptr [0x190040], rax",
+    "mov qword ptr [0x190048], rbx",
+    "mov qword ptr [0x190050], rcx",
+    "mov qword ptr [0x190058], rdx",
+    "mov eax, 0x40000000",
+    "xor ecx, ecx",
+    "cpuid",
+    "mov qword ptr [0x190060], rax",
+    "mov qword ptr [0x190068], rbx",
+    "mov qword ptr [0x190070], rcx",
+    "mov qword ptr [0x190078], rdx",
+    "mov eax, 2",
+    "mov edi, 0x181000",
+    "mov esi, 1",
+    "int 0x1f",
+    "ud2",
+    "lguest_guest_cpuid_end:",
+    "lguest_user_cpuid_start:",
+    "mov eax, 0x40000000",
+    "xor ecx, ecx",
+    ".byte 0x0f, 0x0b, 0x6c, 0x67, 0x75",
+    "cpuid",
+    "mov r12, rbx",
+    "int 0x80",
+    "mov rax, r12",
+    "int 0x80",
+    "int 0x1f",
+    "ud2",
+    "lguest_user_cpuid_end:",
+    "lguest_guest_badprefix_start:",
+    "mov eax, 1",
+    "mov edi, 0x180000",
+    "int 0x1f",
+    ".byte 0x0f, 0x0b, 0x6c, 0x67, 0x75",
+    "nop",
+    "lguest_guest_badprefix_end:",
+    ".popsection",
+);
+
+extern "C" {
+    static lguest_guest_cpuid_start: u8;
+    static lguest_guest_cpuid_end: u8;
+    static lguest_user_cpuid_start: u8;
+    static lguest_user_cpuid_end: u8;
+    static lguest_guest_badprefix_start: u8;
+    static lguest_guest_badprefix_end: u8;
+}
+
+/// `arch_prctl`'s `ARCH_SET_CPUID` (`asm/prctl.h`).
+const ARCH_SET_CPUID: libc::c_int = 0x1012;
+
+/// Turns CPUID faulting on (`on`) or off for the calling thread.
+fn cpuid_faulting(on: bool) -> Result<(), i32> {
+    // SAFETY: ARCH_SET_CPUID takes an integer and changes only whether
+    // this thread's CPUID faults; nothing here runs CPUID while it does.
+    let r = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_SET_CPUID, libc::c_ulong::from(!on)) };
+    if r < 0 {
+        Err(t::errno())
+    } else {
+        Ok(())
+    }
+}
+
+/// This CPU's CPUID of `leaf`, `subleaf`: EAX, EBX, ECX, EDX.
+fn native_cpuid(leaf: u32, subleaf: u32) -> [u64; 4] {
+    let r = core::arch::x86_64::__cpuid_count(leaf, subleaf);
+    [r.eax, r.ebx, r.ecx, r.edx].map(u64::from)
+}
+
+/// `LGUEST_SET_CPUID` with header `nent`, `padding` and `entries` after it.
+fn set_cpuid_raw(f: &File, nent: u32, padding: u32, entries: &[abi::LguestCpuidEntry]) -> Result<i32, i32> {
+    let mut buf: Vec<u32> = vec![nent, padding];
+    for e in entries {
+        buf.extend([e.function, e.index, e.flags, e.eax, e.ebx, e.ecx, e.edx]);
+        buf.extend(e.padding);
+    }
+    t::ioctl(f, abi::LGUEST_SET_CPUID, buf.as_ptr() as usize)
+}
+
+fn set_cpuid(f: &File, entries: &[abi::LguestCpuidEntry]) -> Result<i32, i32> {
+    set_cpuid_raw(f, entries.len() as u32, 0, entries)
+}
+
+fn cpuid_entry(function: u32, index: u32, flags: u32, v: [u32; 4]) -> abi::LguestCpuidEntry {
+    abi::LguestCpuidEntry { function, index, flags, eax: v[0], ebx: v[1], ecx: v[2], edx: v[3], padding: [0; 3] }
+}
+
+/// Runs the CPUID guest of `vm` to its power-off; its four results.
+fn cpuid_results(vm: &TestVm) -> Result<[[u64; 4]; 4], t::NotPassed> {
+    check_eq!(vm.run(), Ok(0), "RUN");
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_SHUTDOWN, format!("exit ({})", vm.message()));
+    let mut out = [[0u64; 4]; 4];
+    for (i, r) in out.iter_mut().enumerate() {
+        for (j, v) in r.iter_mut().enumerate() {
+            *v = vm.mem.read::<u64>(0x19_0000 + 32 * i + 8 * j);
+        }
+    }
+    Ok(out)
+}
+
+/// The CPUID table (`LGUEST_SET_CPUID`): refused when malformed (E2BIG,
+/// EINVAL, EFAULT, ENOENT without a VM); the forced-emulation prefix gives
+/// the table's entry in guest kernel and user mode (a subleaf entry only
+/// for its subleaf, zeros for what the table lacks, the upper halves
+/// cleared) and the host's CPUID without a table or once it is removed;
+/// the prefix before anything but `cpuid` is a #UD. A plain `cpuid` gives
+/// the table's values where this thread can make CPUID fault
+/// (`arch_prctl(ARCH_SET_CPUID, 0)`), the host's where it cannot (QEMU's
+/// emulator and Bochs: ENODEV).
+fn cpuid_table() -> TestResult {
+    // SAFETY: the symbols delimit the blobs assembled above.
+    let (kernel, user, badprefix, user_kernel) = unsafe {
+        (
+            blob(std::ptr::addr_of!(lguest_guest_cpuid_start), std::ptr::addr_of!(lguest_guest_cpuid_end)),
+            blob(std::ptr::addr_of!(lguest_user_cpuid_start), std::ptr::addr_of!(lguest_user_cpuid_end)),
+            blob(std::ptr::addr_of!(lguest_guest_badprefix_start), std::ptr::addr_of!(lguest_guest_badprefix_end)),
+            blob(std::ptr::addr_of!(lguest_guest_user_start), std::ptr::addr_of!(lguest_guest_user_end)),
+        )
+    };
+    const SIG: u32 = abi::LGUEST_CPUID_FLAG_SIGNIFICANT_INDEX;
+    let word = |b: &[u8; 4]| u32::from_le_bytes(*b);
+    let hv = [0x4000_0000, word(b"Lgue"), word(b"stLg"), word(b"uest")];
+    let table = [
+        cpuid_entry(0x4000_0000, 0, 0, hv),
+        cpuid_entry(7, 0, SIG, [1, 2, 3, 4]),
+        cpuid_entry(7, 1, SIG, [0x71, 0x72, 0x73, 0x74]),
+    ];
+    let hv64 = hv.map(u64::from);
+
+    // No VM yet.
+    let f = open()?;
+    check_eq!(set_cpuid(&f, &table), Err(libc::ENOENT), "SET_CPUID before CREATE_VM");
+    drop(f);
+
+    // Malformed tables, on a VM.
+    let vm = TestVm::new(&kernel)?;
+    let many = vec![cpuid_entry(1, 0, 0, [0; 4]); 257];
+    check_eq!(set_cpuid(&vm.f, &many), Err(libc::E2BIG), "257 entries");
+    check_eq!(set_cpuid_raw(&vm.f, 1, 1, &table[..1]), Err(libc::EINVAL), "header padding");
+    let mut bad = table;
+    bad[1].flags = 2;
+    check_eq!(set_cpuid(&vm.f, &bad), Err(libc::EINVAL), "unknown flag");
+    let mut bad = table;
+    bad[2].padding[2] = 1;
+    check_eq!(set_cpuid(&vm.f, &bad), Err(libc::EINVAL), "entry padding");
+    let mut bad = table;
+    bad[2].index = 0;
+    check_eq!(set_cpuid(&vm.f, &bad), Err(libc::EINVAL), "two entries for leaf 7 subleaf 0");
+    check_eq!(t::ioctl(&vm.f, abi::LGUEST_SET_CPUID, 0), Err(libc::EFAULT), "NULL argument");
+    // A header at the end of a page whose entries would be in the next,
+    // unreadable, one.
+    let two = Mapping::anon(8192).map_err(|e| t::NotPassed::Fail(format!("mmap: {e}")))?;
+    // SAFETY: the second page of our own mapping becomes inaccessible; only
+    // the kernel's copy below touches it, and must fail.
+    let r = unsafe { libc::mprotect(two.addr.add(4096).cast(), 4096, libc::PROT_NONE) };
+    check_eq!(r, 0, "mprotect");
+    two.put::<u32>(4088, 1);
+    two.put::<u32>(4092, 0);
+    check_eq!(
+        t::ioctl(&vm.f, abi::LGUEST_SET_CPUID, two.addr as usize + 4088),
+        Err(libc::EFAULT),
+        "entries in an unreadable page"
+    );
+
+    // A table set, then removed: the host's values, and the upper halves
+    // of the registers cleared.
+    check_eq!(set_cpuid(&vm.f, &table), Ok(0), "SET_CPUID");
+    check_eq!(set_cpuid(&vm.f, &[]), Ok(0), "SET_CPUID with no entries");
+    let got = cpuid_results(&vm)?;
+    let want = [native_cpuid(0x4000_0000, 5), native_cpuid(7, 1), native_cpuid(7, 2), native_cpuid(0x4000_0000, 0)];
+    check_eq!(got, want, "CPUIDs without a table");
+    drop(vm);
+
+    // With the table, and CPUID faulting where this host has it.
+    let vm = TestVm::new(&kernel)?;
+    check_eq!(set_cpuid(&vm.f, &table), Ok(0), "SET_CPUID");
+    let faulting = match cpuid_faulting(true) {
+        Ok(()) => true,
+        Err(libc::ENODEV) => false,
+        Err(e) => fail!("arch_prctl(ARCH_SET_CPUID, 0): {}", t::errname(e)),
+    };
+    let got = cpuid_results(&vm);
+    if faulting {
+        check_eq!(cpuid_faulting(false), Ok(()), "arch_prctl(ARCH_SET_CPUID, 1)");
+    }
+    let got = got?;
+    let plain = if faulting { hv64 } else { native_cpuid(0x4000_0000, 0) };
+    check_eq!(got, [hv64, [0x71, 0x72, 0x73, 0x74], [0; 4], plain], "CPUIDs with the table");
+    if !faulting {
+        println!("# this host cannot make CPUID fault (ENODEV): a plain cpuid gave the host's values");
+    }
+    drop(vm);
+
+    // Guest user mode: the prefix works there too.
+    let vm = user_vm(&user_kernel, &user)?;
+    check_eq!(set_cpuid(&vm.f, &table), Ok(0), "SET_CPUID");
+    let mut notes = Vec::new();
+    for _ in 0..16 {
+        check_eq!(vm.run(), Ok(0), "RUN");
+        if vm.exit_reason() != abi::LGUEST_EXIT_NOTIFY {
+            break;
+        }
+        notes.push((vm.run_page().read::<u64>(8), vm.run_page().read::<u64>(16)));
+    }
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_SHUTDOWN, format!("exit after {notes:x?} ({})", vm.message()));
+    let cs = abi::LGUEST_USER_CS;
+    let end = 0x11_0000 + user.len() as u64 - 4;
+    let want = vec![(0x80, hv64[0]), (0x81, cs), (0x80, hv64[1]), (0x81, cs), (0x8d, 0xfa), (0x8c, end)];
+    check_eq!(notes, want, "what the guest kernel saw");
+    drop(vm);
+
+    // The prefix before anything else is the ud2's #UD.
+    let vm = TestVm::new(&badprefix)?;
+    check_eq!(vm.run(), Ok(0), "RUN");
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_KILLED, "exit reason");
+    check!(vm.message().contains("#UD"), "kill message: {:?}", vm.message());
+    Ok(())
+}
+
 fn main() -> ExitCode {
     t::run(&[
         ("tiny_guest_runs", tiny_guest_runs),
@@ -2410,5 +2681,6 @@ fn main() -> ExitCode {
         ("mov_ss_and_tf", mov_ss_and_tf),
         ("second_thread_during_run", second_thread_during_run),
         ("fpu_state", fpu_state),
+        ("cpuid_table", cpuid_table),
     ])
 }
