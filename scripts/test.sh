@@ -72,14 +72,28 @@ cfail=$((cfail + mfail))
 mkdir -p "$CACHE/logs"
 stamp=$(date +%Y%m%d-%H%M%S)
 logs=()
+boot() {
+	local cpu=$1 log=$2
+	echo "[test] booting the QEMU host (cpu=$cpu, watchdog ${WATCHDOG}s); console log: $log"
+	set +e
+	KARGS="${KARGS:-}${LONG:+ lgtest.long=$LONG}" KTAP_LOG="${log%.log}.ktap" timeout -s KILL "$WATCHDOG" bash "$REPO/scripts/qemu.sh" test "$cpu" "${T:-}" </dev/null 2>&1 \
+		| tee "$log" | grep --line-buffered -E '^(TAP|1\.\.|ok|not ok|# (ok|not ok|selftests|.*: )|lguest-harness)'
+	set -e
+}
 for cpu in $CPUS; do
 	label="cpu=$cpu"
 	log="$CACHE/logs/$stamp-$FLAVOUR-${cpu//[,=]/_}.log"
-	echo "[test] booting the QEMU host ($label, watchdog ${WATCHDOG}s); console log: $log"
-	set +e
-	KARGS="${KARGS:-}${LONG:+ lgtest.long=$LONG}" KTAP_LOG="${log%.log}.ktap" timeout -s KILL "$WATCHDOG" bash "$REPO/scripts/qemu.sh" test "$cpu" "${T:-}" </dev/null 2>&1 \
-		| tee "$log" | grep --line-buffered -E '^(TAP|1\.\.|ok|not ok|# (ok|not ok|selftests|.*: )|lguest-harness)' 
-	set -e
+	boot "$cpu" "$log"
+	# A host kernel that dies before the harness starts (before lguest.ko
+	# or any test ran) is booted once more: QEMU 7.2's emulator has a
+	# cross-CPU code-patching bug that sometimes kills the boot with an
+	# Oops at an int3 the kernel's text patching left (testing.rst, "Known
+	# issues"). The first log is kept; a second such boot fails the run.
+	if ! grep -q 'lguest-harness:' "$log" && grep -qE 'Oops|Kernel panic' "$log"; then
+		echo "[test] $label: the host kernel crashed before the harness started ($(grep -m1 -oE 'Oops: [^[]*' "$log" || echo panic)); booting it again"
+		log="${log%.log}-again.log"
+		boot "$cpu" "$log"
+	fi
 	logs+=("$label::$log")
 done
 
