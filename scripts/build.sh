@@ -48,11 +48,15 @@ else
 	bash "$REPO/guest/build.sh" "$OUT/guests" --quiet >&2 || fail "guest build failed"
 fi
 
+say "the Linux guest (guest/linux)"
+LINUX=$(bash "$REPO/guest/linux/build.sh") || fail "the Linux guest build failed"
+
 say "initramfs"
 ROOT="$OUT/rootfs"
 rm -rf "$ROOT"
 mkdir -p "$ROOT"/{bin,sbin,usr/bin,usr/share/lguest/guests,lib/modules,selftests/lguest,etc}
 cp "$OUT"/guests/* "$ROOT/usr/share/lguest/guests/"
+cp "$LINUX" "$ROOT/usr/share/lguest/guests/vmlinux"
 cp /bin/busybox "$ROOT/bin/busybox"
 cp "$REPO/harness/init" "$ROOT/init"
 cp "$REPO/harness/demo.sh" "$ROOT/usr/share/lguest/demo.sh"

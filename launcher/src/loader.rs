@@ -17,6 +17,16 @@
 //! guest starts with virtual = physical. Every error names the file and the
 //! segment (by its index in the program header table).
 //!
+//! A Linux guest's `vmlinux` names its entry with an ELF note instead
+//! (`"lguest"`, type [`LGUEST_ELFNOTE_ENTRY`], the entry's virtual address,
+//! 8 bytes: `arch/x86/lguest/head_64.S` of `guest/linux/`), as Xen's
+//! `XEN_ELFNOTE_ENTRY` does; `e_entry` is the native boot's. Where the note
+//! is there, the entry is the guest-physical address of that virtual
+//! address in the `PT_LOAD` segment that holds it (`p_vaddr` to
+//! `p_paddr`), in any segment: `vmlinux` keeps its init text in a segment
+//! without `PF_X`. Notes are read from the `PT_NOTE` segments (at most
+//! [`MAX_NOTES`] bytes each).
+//!
 //! [`load_file`] takes only a regular file (`/dev/zero`, a FIFO or a
 //! directory is an error naming the path and what it is) and reads only
 //! what it needs with positioned reads: the ELF header, the program header
@@ -30,7 +40,7 @@ use std::path::Path;
 
 use goblin::container::{Container, Ctx, Endian};
 use goblin::elf::header::{self, EM_X86_64, ET_EXEC};
-use goblin::elf::program_header::{self, PF_X, PT_DYNAMIC, PT_INTERP, PT_LOAD};
+use goblin::elf::program_header::{self, PF_X, PT_DYNAMIC, PT_INTERP, PT_LOAD, PT_NOTE};
 use goblin::elf::{Elf, ProgramHeader};
 use lguest_abi as abi;
 
@@ -222,6 +232,12 @@ pub enum Problem {
     /// The entry point is not in an executable segment.
     #[error("entry point {0:#x} is not inside an executable (PF_X) segment")]
     EntryNotExecutable(u64),
+    /// The "lguest" entry note's descriptor is not 8 bytes.
+    #[error("the \"lguest\" entry note has {0} bytes, not 8")]
+    BadEntryNote(usize),
+    /// The "lguest" entry note names an address no segment holds.
+    #[error("the \"lguest\" entry note names {0:#x}, which no PT_LOAD segment holds")]
+    NoteEntryOutside(u64),
     /// Copying into guest memory failed (should not happen after the checks).
     #[error("copying into guest memory")]
     Memory(#[source] MemoryError),
@@ -234,6 +250,8 @@ pub struct Segment {
     pub index: usize,
     /// Guest-physical load address.
     pub paddr: u64,
+    /// Virtual address (the Linux guest's note names its entry by it).
+    pub vaddr: u64,
     /// Bytes in memory.
     pub memsz: u64,
     /// Bytes in the file (the rest is zero-filled).
@@ -259,6 +277,43 @@ pub struct Image {
     pub entry: u64,
     /// The `PT_LOAD` segments, in program header order.
     pub segments: Vec<Segment>,
+    /// The `PT_NOTE` segments: (file offset, size).
+    pub notes: Vec<(u64, u64)>,
+}
+
+/// The ELF note type of the Linux guest's entry (name `"lguest"`).
+pub const LGUEST_ELFNOTE_ENTRY: u32 = 1;
+
+/// The most bytes of one `PT_NOTE` segment the loader reads.
+pub const MAX_NOTES: u64 = 64 << 10;
+
+/// The descriptor of note `name`, type `ty` in `notes` (a `PT_NOTE`
+/// segment's bytes: 4-byte name size, descriptor size and type, then the
+/// name and the descriptor, each padded to 4 bytes).
+fn find_note<'a>(notes: &'a [u8], name: &str, ty: u32) -> Option<&'a [u8]> {
+    let word = |at: usize| Some(u32::from_le_bytes(notes.get(at..at + 4)?.try_into().ok()?));
+    let mut at = 0usize;
+    while at + 12 <= notes.len() {
+        let (namesz, descsz, t) = (word(at)? as usize, word(at + 4)? as usize, word(at + 8)?);
+        let name_at = at + 12;
+        let desc_at = name_at.checked_add(namesz.checked_add(3)? & !3)?;
+        let next = desc_at.checked_add(descsz.checked_add(3)? & !3)?;
+        let n = notes.get(name_at..name_at + namesz)?;
+        let desc = notes.get(desc_at..desc_at + descsz)?;
+        if t == ty && n.strip_suffix(&[0]).unwrap_or(n) == name.as_bytes() {
+            return Some(desc);
+        }
+        at = next;
+    }
+    None
+}
+
+impl Image {
+    /// The guest-physical address of virtual address `va`, in the segment
+    /// that holds it.
+    fn phys_of(&self, va: u64) -> Option<u64> {
+        self.segments.iter().find(|s| s.vaddr <= va && va - s.vaddr < s.memsz).map(|s| s.paddr + (va - s.vaddr))
+    }
 }
 
 /// The most bytes of headers (the ELF header and the program header
@@ -326,7 +381,8 @@ pub fn load_file(path: &Path, mem: &GuestMemory) -> Result<Image, LoadError> {
 pub fn load_from(file: &str, src: &dyn ReadAt, len: u64, mem: &GuestMemory) -> Result<Image, LoadError> {
     let fail = |problem| LoadError { file: file.to_owned(), problem };
     let headers = read_headers(src, len).map_err(fail)?;
-    let image = check_headers(&headers, len, mem.mem_size()).map_err(fail)?;
+    let mut image = check_headers(&headers, len, mem.mem_size()).map_err(fail)?;
+    note_entry(&mut image, src, len).map_err(fail)?;
     let mut data = Vec::new();
     for seg in &image.segments {
         // CAST: a checked segment's file bytes fit in guest RAM (at most
@@ -444,6 +500,7 @@ fn check_segment(index: usize, ph: &ProgramHeader, file_len: u64, mem_size: u64)
     let seg = Segment {
         index,
         paddr: ph.p_paddr,
+        vaddr: ph.p_vaddr,
         memsz: ph.p_memsz,
         filesz: ph.p_filesz,
         offset: ph.p_offset,
@@ -483,7 +540,9 @@ fn check_segment(index: usize, ph: &ProgramHeader, file_len: u64, mem_size: u64)
 /// without touching guest memory.
 #[cfg(test)]
 pub fn check(bytes: &[u8], mem_size: u64) -> Result<Image, Problem> {
-    check_headers(bytes, len64(bytes), mem_size)
+    let mut image = check_headers(bytes, len64(bytes), mem_size)?;
+    note_entry(&mut image, &bytes, len64(bytes))?;
+    Ok(image)
 }
 
 /// Checks an image of `file_len` bytes whose first bytes, at least its
@@ -533,12 +592,46 @@ fn check_headers(bytes: &[u8], file_len: u64, mem_size: u64) -> Result<Image, Pr
         }
     }
 
-    let entry = hdr.e_entry;
-    let runnable = segments.iter().any(|s| s.flags & PF_X != 0 && s.paddr <= entry && entry < s.range().end);
+    let notes: Vec<(u64, u64)> = phdrs
+        .iter()
+        .filter(|ph| ph.p_type == PT_NOTE && ph.p_filesz > 0)
+        .map(|ph| (ph.p_offset, ph.p_filesz))
+        .collect();
+    let image = Image { entry: hdr.e_entry, segments, notes };
+    // With notes, the entry may be a Linux guest's note's (load_from).
+    if image.notes.is_empty() {
+        check_entry(&image)?;
+    }
+    Ok(image)
+}
+
+/// The entry point must be in an executable segment.
+fn check_entry(image: &Image) -> Result<(), Problem> {
+    let entry = image.entry;
+    let runnable = image.segments.iter().any(|s| s.flags & PF_X != 0 && s.paddr <= entry && entry < s.range().end);
     if !runnable {
         return Err(Problem::EntryNotExecutable(entry));
     }
-    Ok(Image { entry, segments })
+    Ok(())
+}
+
+/// The entry of `image` whose `PT_NOTE` segments `src` reads: the Linux
+/// guest's note's if there is one, else `e_entry` (checked as always).
+fn note_entry(image: &mut Image, src: &dyn ReadAt, file_len: u64) -> Result<(), Problem> {
+    for &(offset, size) in &image.notes {
+        let end = offset.checked_add(size).filter(|&e| e <= file_len);
+        if end.is_none() || size > MAX_NOTES {
+            continue;
+        }
+        // CAST: at most MAX_NOTES.
+        let mut bytes = vec![0u8; size as usize];
+        src.read_exact_at(&mut bytes, offset).map_err(Problem::Read)?;
+        let Some(desc) = find_note(&bytes, "lguest", LGUEST_ELFNOTE_ENTRY) else { continue };
+        let va = <[u8; 8]>::try_from(desc).map(u64::from_le_bytes).map_err(|_| Problem::BadEntryNote(desc.len()))?;
+        image.entry = image.phys_of(va).ok_or(Problem::NoteEntryOutside(va))?;
+        return Ok(());
+    }
+    check_entry(image)
 }
 
 #[cfg(test)]
@@ -659,6 +752,58 @@ pub(crate) mod tests {
         GuestMemory::new(MEM, 1).expect("guest memory")
     }
 
+    /// An ELF note: name, type, descriptor.
+    fn note(name: &str, ty: u32, desc: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend((name.len() as u32 + 1).to_le_bytes());
+        out.extend((desc.len() as u32).to_le_bytes());
+        out.extend(ty.to_le_bytes());
+        out.extend(name.as_bytes());
+        out.push(0);
+        while out.len() % 4 != 0 {
+            out.push(0);
+        }
+        out.extend(desc);
+        while out.len() % 4 != 0 {
+            out.push(0);
+        }
+        out
+    }
+
+    /// `guest_image` with a `PT_NOTE` of `notes` at file offset 0x3000.
+    fn with_notes(notes: Vec<u8>) -> ElfImage {
+        let mut img = guest_image();
+        img.phdrs.push(Ph { ty: PT_NOTE, flags: PF_R, offset: 0x3000, paddr: 0, filesz: notes.len() as u64, memsz: 0 });
+        img.payload.push((0x3000, notes));
+        img
+    }
+
+    /// A Linux guest's "lguest" note names the entry, in any segment (here
+    /// the data segment, without PF_X), after other notes; without it the
+    /// ELF entry is checked as before; a bad note is a clear error.
+    #[test]
+    fn the_lguest_note_names_the_entry() {
+        let mut notes = note("Linux", 1, b"OPEN");
+        notes.extend(note("GNU", 3, &[7; 20]));
+        notes.extend(note("lguest", LGUEST_ELFNOTE_ENTRY, &0x20_0008u64.to_le_bytes()));
+        let image = check(&with_notes(notes).build(), MEM).expect("valid");
+        assert_eq!(image.entry, 0x20_0008);
+        // Another name, or another type: the ELF entry.
+        let image = check(&with_notes(note("lguesu", 1, &0x20_0008u64.to_le_bytes())).build(), MEM).expect("valid");
+        assert_eq!(image.entry, 0x10_0010);
+        let image = check(&with_notes(note("lguest", 2, &0x20_0008u64.to_le_bytes())).build(), MEM).expect("valid");
+        assert_eq!(image.entry, 0x10_0010);
+        let img = with_notes(note("lguest", 1, &[1, 2, 3, 4]));
+        assert!(matches!(problem(&img), Problem::BadEntryNote(4)), "{}", problem(&img));
+        let img = with_notes(note("lguest", 1, &0x90_0000u64.to_le_bytes()));
+        assert!(matches!(problem(&img), Problem::NoteEntryOutside(0x90_0000)), "{}", problem(&img));
+        // A truncated note is no note.
+        let mut cut = note("lguest", 1, &0x20_0008u64.to_le_bytes());
+        cut.truncate(cut.len() - 4);
+        let image = check(&with_notes(cut).build(), MEM).expect("valid");
+        assert_eq!(image.entry, 0x10_0010);
+    }
+
     #[test]
     fn valid_image_loads() {
         let mem = memory();
@@ -769,7 +914,7 @@ pub(crate) mod tests {
         let image = load_from("big.elf", &src, src.len, &mem).expect("loads");
         assert_eq!(image, check(&bytes, MEM).expect("valid"));
         let headers = (EHDR_SIZE + PHDR_SIZE * img.phdrs.len()) as u64;
-        assert_eq!(src.read.get(), headers + 0x20 + 0x10, "headers, then the two segments");
+        assert_eq!(src.read.get(), headers + 4 + 0x20 + 0x10, "headers, the note, then the two segments");
         let mut text = [0u8; 0x20];
         mem.read(0x10_0000, &mut text).expect("read text");
         assert_eq!(text.to_vec(), (0..0x20).collect::<Vec<u8>>());

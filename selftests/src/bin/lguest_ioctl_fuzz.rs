@@ -62,8 +62,8 @@ use std::time::{Duration, Instant};
 use lguest_abi as abi;
 use lguest_selftests::{self as t, check, check_eq, fail, Mapping, TestResult};
 use libc::{
-    E2BIG, EACCES, EAGAIN, EBADF, EBUSY, EEXIST, EFAULT, EINTR, EINVAL, ENOENT, ENOMEM, ENOSPC, ENOTTY, EOPNOTSUPP, EOVERFLOW,
-    EPERM,
+    E2BIG, EACCES, EAGAIN, EBADF, EBUSY, EEXIST, EFAULT, EINTR, EINVAL, ENOENT, ENOMEM, ENOSPC, ENOTTY, EOPNOTSUPP,
+    EOVERFLOW, EPERM,
 };
 
 const PAGE: u64 = 4096;
@@ -1632,9 +1632,8 @@ impl Fuzz {
             8 => (self.arena + PAGE, if o.vm { OK | b(ENOMEM) } else { b(ENOENT) }),
             _ => (self.rng.pick(&[0, 1, 8, 0xff8, self.arena + 3 * PAGE]), b(EFAULT)),
         };
-        let _ = self.call(Call::SetCpuid, f.fd, u64::from(nent), addr, expect, || {
-            ioctl_raw(f.fd, abi::LGUEST_SET_CPUID, addr)
-        });
+        let _ = self
+            .call(Call::SetCpuid, f.fd, u64::from(nent), addr, expect, || ioctl_raw(f.fd, abi::LGUEST_SET_CPUID, addr));
     }
 
     fn gen_unknown_cmd(&mut self) -> u32 {

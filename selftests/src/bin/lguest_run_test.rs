@@ -1136,6 +1136,25 @@ fn cpuid_option() -> TestResult {
     Ok(())
 }
 
+/// The Linux guest (`guest/linux`, stage 0): `lguest run vmlinux` finds the
+/// entry by the kernel's "lguest" ELF note (its ELF entry is the native
+/// boot's, and its init text sits in a segment without PF_X), and the
+/// entry registers its shared page, says so on the launcher's console with
+/// the kernel's release, and powers the guest off.
+fn linux_entry() -> TestResult {
+    let g = guest("vmlinux");
+    let o = wait(spawn_launcher(&["run", "--memory", "64M", &g])?, Duration::from_secs(600))?;
+    check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
+    let line = o.stdout.lines().find(|l| l.starts_with("lguest: Linux ")).unwrap_or("");
+    check!(
+        line.starts_with("lguest: Linux 7.3") && line.ends_with("-lguest-guest entry reached"),
+        "no entry line: {}",
+        describe(&o)
+    );
+    println!("# {line}");
+    Ok(())
+}
+
 fn main() -> ExitCode {
     t::run(&[
         ("hello", hello),
@@ -1143,6 +1162,7 @@ fn main() -> ExitCode {
         ("bad_hypercall", bad_hypercall),
         ("privileged_instructions", privileged_instructions),
         ("cpuid_option", cpuid_option),
+        ("linux_entry", linux_entry),
         ("switcher_unreachable", switcher_unreachable),
         ("signal_stops_spinner", signal_stops_spinner),
         ("hypercall_loop", hypercall_loop),
