@@ -111,6 +111,14 @@ pub enum Problem {
     /// The file does not start with the ELF magic.
     #[error("not an ELF file")]
     NotElf,
+    /// A Linux boot image (the boot protocol's "HdrS" at 0x202).
+    #[error("a Linux bzImage, which lguest cannot boot: give the uncompressed vmlinux of a kernel built with CONFIG_LGUEST_GUEST (guest/linux)")]
+    BzImage,
+    /// A Linux vmlinux without the "lguest" entry note.
+    #[error(
+        "a Linux vmlinux without the \"lguest\" entry note: build the kernel with CONFIG_LGUEST_GUEST (guest/linux)"
+    )]
+    LinuxWithoutEntry,
     /// The file ends before something it describes.
     #[error("truncated: {what} {range} lies past the end of the file ({len} bytes)")]
     Truncated {
@@ -281,16 +289,19 @@ pub struct Image {
     pub notes: Vec<(u64, u64)>,
 }
 
+/// Where a Linux bzImage has its boot-protocol magic, "HdrS".
+const BZIMAGE_MAGIC_AT: usize = 0x202;
+
 /// The ELF note type of the Linux guest's entry (name `"lguest"`).
 pub const LGUEST_ELFNOTE_ENTRY: u32 = 1;
 
 /// The most bytes of one `PT_NOTE` segment the loader reads.
 pub const MAX_NOTES: u64 = 64 << 10;
 
-/// The descriptor of note `name`, type `ty` in `notes` (a `PT_NOTE`
-/// segment's bytes: 4-byte name size, descriptor size and type, then the
-/// name and the descriptor, each padded to 4 bytes).
-fn find_note<'a>(notes: &'a [u8], name: &str, ty: u32) -> Option<&'a [u8]> {
+/// The descriptor of note `name`, of type `ty` (or any type: `None`), in
+/// `notes` (a `PT_NOTE` segment's bytes: 4-byte name size, descriptor size
+/// and type, then the name and the descriptor, each padded to 4 bytes).
+fn find_note<'a>(notes: &'a [u8], name: &str, ty: Option<u32>) -> Option<&'a [u8]> {
     let word = |at: usize| Some(u32::from_le_bytes(notes.get(at..at + 4)?.try_into().ok()?));
     let mut at = 0usize;
     while at + 12 <= notes.len() {
@@ -300,7 +311,7 @@ fn find_note<'a>(notes: &'a [u8], name: &str, ty: u32) -> Option<&'a [u8]> {
         let next = desc_at.checked_add(descsz.checked_add(3)? & !3)?;
         let n = notes.get(name_at..name_at + namesz)?;
         let desc = notes.get(desc_at..desc_at + descsz)?;
-        if t == ty && n.strip_suffix(&[0]).unwrap_or(n) == name.as_bytes() {
+        if ty.is_none_or(|ty| t == ty) && n.strip_suffix(&[0]).unwrap_or(n) == name.as_bytes() {
             return Some(desc);
         }
         at = next;
@@ -410,6 +421,12 @@ fn read_headers(src: &dyn ReadAt, len: u64) -> Result<Vec<u8>, Problem> {
         && head[header::EI_CLASS] == header::ELFCLASS64
         && head[header::EI_DATA] == header::ELFDATA2LSB;
     if !elf64le {
+        // Not ELF: enough to tell a bzImage by its boot-protocol magic.
+        if head.len() == EHDR_SIZE && head[..header::SELFMAG] != header::ELFMAG[..] {
+            let mut more = vec![0u8; len.min(BZIMAGE_MAGIC_AT as u64 + 4) as usize];
+            src.read_exact_at(&mut more, 0).map_err(Problem::Read)?;
+            return Ok(more);
+        }
         return Ok(head);
     }
     let mut phoff = [0u8; 8];
@@ -462,6 +479,9 @@ fn check_header(bytes: &[u8]) -> Result<header::Header, Problem> {
     }
     let magic_len = bytes.len().min(header::SELFMAG);
     if bytes[..magic_len] != header::ELFMAG[..magic_len] {
+        if bytes.get(BZIMAGE_MAGIC_AT..BZIMAGE_MAGIC_AT + 4) == Some(b"HdrS") {
+            return Err(Problem::BzImage);
+        }
         return Err(Problem::NotElf);
     }
     if bytes.len() < EHDR_SIZE {
@@ -618,6 +638,7 @@ fn check_entry(image: &Image) -> Result<(), Problem> {
 /// The entry of `image` whose `PT_NOTE` segments `src` reads: the Linux
 /// guest's note's if there is one, else `e_entry` (checked as always).
 fn note_entry(image: &mut Image, src: &dyn ReadAt, file_len: u64) -> Result<(), Problem> {
+    let mut linux = false;
     for &(offset, size) in &image.notes {
         let end = offset.checked_add(size).filter(|&e| e <= file_len);
         if end.is_none() || size > MAX_NOTES {
@@ -626,10 +647,15 @@ fn note_entry(image: &mut Image, src: &dyn ReadAt, file_len: u64) -> Result<(), 
         // CAST: at most MAX_NOTES.
         let mut bytes = vec![0u8; size as usize];
         src.read_exact_at(&mut bytes, offset).map_err(Problem::Read)?;
-        let Some(desc) = find_note(&bytes, "lguest", LGUEST_ELFNOTE_ENTRY) else { continue };
+        // Notes named "Linux" (of any type) say the image is a kernel.
+        linux |= find_note(&bytes, "Linux", None).is_some();
+        let Some(desc) = find_note(&bytes, "lguest", Some(LGUEST_ELFNOTE_ENTRY)) else { continue };
         let va = <[u8; 8]>::try_from(desc).map(u64::from_le_bytes).map_err(|_| Problem::BadEntryNote(desc.len()))?;
         image.entry = image.phys_of(va).ok_or(Problem::NoteEntryOutside(va))?;
         return Ok(());
+    }
+    if linux {
+        return Err(Problem::LinuxWithoutEntry);
     }
     check_entry(image)
 }
@@ -788,6 +814,9 @@ pub(crate) mod tests {
         notes.extend(note("lguest", LGUEST_ELFNOTE_ENTRY, &0x20_0008u64.to_le_bytes()));
         let image = check(&with_notes(notes).build(), MEM).expect("valid");
         assert_eq!(image.entry, 0x20_0008);
+        // A kernel without the note: a clear error, not one about PF_X.
+        let img = with_notes(note("Linux", 1, b"OPEN"));
+        assert!(matches!(problem(&img), Problem::LinuxWithoutEntry), "{}", problem(&img));
         // Another name, or another type: the ELF entry.
         let image = check(&with_notes(note("lguesu", 1, &0x20_0008u64.to_le_bytes())).build(), MEM).expect("valid");
         assert_eq!(image.entry, 0x10_0010);
@@ -977,6 +1006,22 @@ pub(crate) mod tests {
         assert!(matches!(check(b"#!/bin/sh\necho hi\n", MEM), Err(Problem::NotElf)));
         assert!(matches!(check(b"\x7fEL", MEM), Err(Problem::Truncated { .. })));
         assert!(matches!(check(b"MZ", MEM), Err(Problem::NotElf)));
+    }
+
+    /// A bzImage is named as such (its boot-protocol magic at 0x202), read
+    /// from a file as from a buffer; without the magic it is just not ELF.
+    #[test]
+    fn bzimage_is_named() {
+        let mut bz = vec![0u8; 0x1000];
+        bz[..2].copy_from_slice(b"MZ");
+        bz[0x202..0x206].copy_from_slice(b"HdrS");
+        assert!(matches!(check(&bz, MEM), Err(Problem::BzImage)));
+        let mem = memory();
+        let err = load("bzImage", &bz, &mem).expect_err("a bzImage");
+        assert!(matches!(err.problem, Problem::BzImage), "{err}");
+        assert!(err.to_string().contains("vmlinux"), "{err}");
+        bz[0x205] = b'T';
+        assert!(matches!(check(&bz, MEM), Err(Problem::NotElf)));
     }
 
     #[test]
