@@ -202,6 +202,24 @@ pub struct LguestCpuidEntry {
 }
 
 impl LguestCpuidEntry {
+    /// The entry as the ten 32-bit words of its C layout (what follows the
+    /// header in [`LGUEST_SET_CPUID`]'s argument).
+    pub const fn words(&self) -> [u32; 10] {
+        let p = self.padding;
+        [
+            self.function,
+            self.index,
+            self.flags,
+            self.eax,
+            self.ebx,
+            self.ecx,
+            self.edx,
+            p[0],
+            p[1],
+            p[2],
+        ]
+    }
+
     /// Whether this entry answers CPUID leaf `leaf`, subleaf `subleaf`.
     pub const fn answers(&self, leaf: u32, subleaf: u32) -> bool {
         self.function == leaf

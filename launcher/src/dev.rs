@@ -196,10 +196,7 @@ impl Lguest {
         let nent = u32::try_from(table.len()).unwrap_or(u32::MAX);
         let mut buf: Vec<u32> = Vec::with_capacity(2 + table.len() * 10);
         buf.extend([nent, 0]);
-        for e in table {
-            buf.extend([e.function, e.index, e.flags, e.eax, e.ebx, e.ecx, e.edx]);
-            buf.extend(e.padding);
-        }
+        buf.extend(table.iter().flat_map(abi::LguestCpuidEntry::words));
         // SAFETY: LGUEST_SET_CPUID reads a struct lguest_cpuid header and
         // the `nent` 40-byte entries right after it from `buf`, which holds
         // exactly those (2 + 10 * nent u32s, in the C layout) for the

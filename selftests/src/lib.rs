@@ -171,6 +171,23 @@ pub fn ioctl(f: &File, cmd: u32, arg: usize) -> Result<i32, i32> {
     }
 }
 
+/// `arch_prctl`'s `ARCH_SET_CPUID` (`asm/prctl.h`).
+const ARCH_SET_CPUID: libc::c_int = 0x1012;
+
+/// Turns CPUID faulting on (`on`) or off for the calling thread
+/// (`arch_prctl(ARCH_SET_CPUID, !on)`); `Err(ENODEV)` where the CPU cannot.
+/// While it is on, the thread must not run CPUID itself.
+pub fn cpuid_faulting(on: bool) -> Result<(), i32> {
+    // SAFETY: ARCH_SET_CPUID takes an integer and changes only whether
+    // this thread's CPUID faults.
+    let r = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_SET_CPUID, libc::c_ulong::from(!on)) };
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(())
+    }
+}
+
 /// The calling thread's errno.
 pub fn errno() -> i32 {
     io::Error::last_os_error().raw_os_error().unwrap_or(0)

@@ -1578,13 +1578,8 @@ impl Fuzz {
         let mut bytes = Vec::new();
         bytes.extend(nent.to_ne_bytes());
         bytes.extend(padding.to_ne_bytes());
-        for e in &entries {
-            for w in [e.function, e.index, e.flags, e.eax, e.ebx, e.ecx, e.edx] {
-                bytes.extend(w.to_ne_bytes());
-            }
-            for w in e.padding {
-                bytes.extend(w.to_ne_bytes());
-            }
+        for w in entries.iter().flat_map(abi::LguestCpuidEntry::words) {
+            bytes.extend(w.to_ne_bytes());
         }
         let o = &self.ofds[f.ofd];
         let after_header = if padding != 0 {

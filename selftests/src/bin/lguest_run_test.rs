@@ -1068,17 +1068,11 @@ fn hex_after(out: &str, line: &str, key: &str) -> Option<u64> {
 /// fault (checked first: where it can, the plain one is the table's). The
 /// prefix before a `nop` kills the guest with #UD.
 fn cpuid_option() -> TestResult {
-    const ARCH_SET_CPUID: libc::c_int = 0x1012;
     let host = core::arch::x86_64::__cpuid_count(1, 0);
     let host_hv = core::arch::x86_64::__cpuid_count(0x4000_0000, 0);
     // Whether this host can make CPUID fault: try it on a thread of our own.
-    let faulting = std::thread::spawn(|| {
-        // SAFETY: ARCH_SET_CPUID changes only whether this short-lived
-        // thread's CPUID faults; it runs no CPUID.
-        unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_SET_CPUID, 0 as libc::c_ulong) == 0 }
-    })
-    .join()
-    .unwrap_or(false);
+    // (The thread runs no CPUID after it.)
+    let faulting = std::thread::spawn(|| t::cpuid_faulting(true).is_ok()).join().unwrap_or(false);
     let mut failures = Vec::new();
     let p = "guest-ops: cpuid: ";
     for mode in ["filtered", "host"] {

@@ -473,15 +473,7 @@ fn user_mode() -> TestResult {
         )
     };
     let vm = user_vm(&kernel, &user)?;
-    let mut notes = Vec::new();
-    for _ in 0..16 {
-        check_eq!(vm.run(), Ok(0), "RUN");
-        if vm.exit_reason() != abi::LGUEST_EXIT_NOTIFY {
-            break;
-        }
-        notes.push((vm.run_page().read::<u64>(8), vm.run_page().read::<u64>(16)));
-    }
-    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_SHUTDOWN, format!("exit after {notes:x?} ({})", vm.message()));
+    let notes = notes_to_shutdown(&vm)?;
     let cs = abi::LGUEST_USER_CS;
     let want = vec![
         (0x80, 41),
@@ -498,6 +490,21 @@ fn user_mode() -> TestResult {
     let shadow: u64 = vm.run_page().read(48);
     check!(shadow > 2 && shadow < 64, "shadow pages: {shadow}");
     Ok(())
+}
+
+/// Runs `vm` to its power-off (at most 16 exits), collecting the
+/// (address, argument) of each NOTIFY on the way.
+fn notes_to_shutdown(vm: &TestVm) -> Result<Vec<(u64, u64)>, t::NotPassed> {
+    let mut notes = Vec::new();
+    for _ in 0..16 {
+        check_eq!(vm.run(), Ok(0), "RUN");
+        if vm.exit_reason() != abi::LGUEST_EXIT_NOTIFY {
+            break;
+        }
+        notes.push((vm.run_page().read::<u64>(8), vm.run_page().read::<u64>(16)));
+    }
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_SHUTDOWN, format!("exit after {notes:x?} ({})", vm.message()));
+    Ok(notes)
 }
 
 /// A VM for the user-mode guest kernel `kernel` (at CODE) and its user
@@ -2481,21 +2488,6 @@ extern "C" {
     static lguest_guest_badprefix_end: u8;
 }
 
-/// `arch_prctl`'s `ARCH_SET_CPUID` (`asm/prctl.h`).
-const ARCH_SET_CPUID: libc::c_int = 0x1012;
-
-/// Turns CPUID faulting on (`on`) or off for the calling thread.
-fn cpuid_faulting(on: bool) -> Result<(), i32> {
-    // SAFETY: ARCH_SET_CPUID takes an integer and changes only whether
-    // this thread's CPUID faults; nothing here runs CPUID while it does.
-    let r = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_SET_CPUID, libc::c_ulong::from(!on)) };
-    if r < 0 {
-        Err(t::errno())
-    } else {
-        Ok(())
-    }
-}
-
 /// This CPU's CPUID of `leaf`, `subleaf`: EAX, EBX, ECX, EDX.
 fn native_cpuid(leaf: u32, subleaf: u32) -> [u64; 4] {
     let r = core::arch::x86_64::__cpuid_count(leaf, subleaf);
@@ -2505,10 +2497,7 @@ fn native_cpuid(leaf: u32, subleaf: u32) -> [u64; 4] {
 /// `LGUEST_SET_CPUID` with header `nent`, `padding` and `entries` after it.
 fn set_cpuid_raw(f: &File, nent: u32, padding: u32, entries: &[abi::LguestCpuidEntry]) -> Result<i32, i32> {
     let mut buf: Vec<u32> = vec![nent, padding];
-    for e in entries {
-        buf.extend([e.function, e.index, e.flags, e.eax, e.ebx, e.ecx, e.edx]);
-        buf.extend(e.padding);
-    }
+    buf.extend(entries.iter().flat_map(abi::LguestCpuidEntry::words));
     t::ioctl(f, abi::LGUEST_SET_CPUID, buf.as_ptr() as usize)
 }
 
@@ -2609,14 +2598,14 @@ fn cpuid_table() -> TestResult {
     // With the table, and CPUID faulting where this host has it.
     let vm = TestVm::new(&kernel)?;
     check_eq!(set_cpuid(&vm.f, &table), Ok(0), "SET_CPUID");
-    let faulting = match cpuid_faulting(true) {
+    let faulting = match t::cpuid_faulting(true) {
         Ok(()) => true,
         Err(libc::ENODEV) => false,
         Err(e) => fail!("arch_prctl(ARCH_SET_CPUID, 0): {}", t::errname(e)),
     };
     let got = cpuid_results(&vm);
     if faulting {
-        check_eq!(cpuid_faulting(false), Ok(()), "arch_prctl(ARCH_SET_CPUID, 1)");
+        check_eq!(t::cpuid_faulting(false), Ok(()), "arch_prctl(ARCH_SET_CPUID, 1)");
     }
     let got = got?;
     let plain = if faulting { hv64 } else { native_cpuid(0x4000_0000, 0) };
@@ -2629,15 +2618,7 @@ fn cpuid_table() -> TestResult {
     // Guest user mode: the prefix works there too.
     let vm = user_vm(&user_kernel, &user)?;
     check_eq!(set_cpuid(&vm.f, &table), Ok(0), "SET_CPUID");
-    let mut notes = Vec::new();
-    for _ in 0..16 {
-        check_eq!(vm.run(), Ok(0), "RUN");
-        if vm.exit_reason() != abi::LGUEST_EXIT_NOTIFY {
-            break;
-        }
-        notes.push((vm.run_page().read::<u64>(8), vm.run_page().read::<u64>(16)));
-    }
-    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_SHUTDOWN, format!("exit after {notes:x?} ({})", vm.message()));
+    let notes = notes_to_shutdown(&vm)?;
     let cs = abi::LGUEST_USER_CS;
     let end = 0x11_0000 + user.len() as u64 - 4;
     let want = vec![(0x80, hv64[0]), (0x81, cs), (0x80, hv64[1]), (0x81, cs), (0x8d, 0xfa), (0x8c, end)];
