@@ -8,8 +8,8 @@
 //!   device answers), writes are dropped. A guest's devices are on the
 //!   lguest bus; port I/O is what a kernel does before it knows that (an
 //!   8259 mask, a CMOS read, a POST port delay).
-//! - `mov` from CR0 and CR4: virtual values ([`VIRT_CR0`]; CR4 from
-//!   [`virt_cr4`]).
+//! - `mov` from CR0, CR2 and CR4: virtual values ([`VIRT_CR0`]; CR2 the
+//!   last page fault's address, `lguest_data.cr2`; CR4 from [`virt_cr4`]).
 //! - `wbinvd`: nothing (the guest owns no cache-incoherent device).
 //! - `xsetbv` of XCR0: a value the host's FPU mask allows, kept as the
 //!   vCPU's XCR0; anything else is the #GP hardware gives. The CPU goes on
@@ -80,7 +80,7 @@ pub(crate) fn xcr0_valid(v: u64, allowed: u64) -> bool {
 }
 
 /// One decoded instruction we emulate.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Insn {
     /// `in` into AL, AX or EAX (`bytes` 1, 2 or 4).
     In {
@@ -166,9 +166,9 @@ fn cpuid(r: &mut LguestRegs, table: &[LguestCpuidEntry]) {
     r.rdx = v[3].into();
 }
 
-/// The #UD the vCPU took (in either mode): if the bytes at RIP are the
-/// forced-emulation prefix and `cpuid`, emulates it and moves RIP past
-/// both. `false`: the #UD stands.
+/// The #UD the vCPU took (in either mode): if the bytes at RIP are a
+/// forced-emulation prefix (lguest's or KVM's) and `cpuid`, emulates it and
+/// moves RIP past both. `false`: the #UD stands.
 pub(crate) fn forced(cx: &mut Ctx<'_>) -> bool {
     const P: usize = uapi::LGUEST_EMULATE_PREFIX_LEN;
     let rip = cx.vcpu.cpu.regs.rip;
@@ -176,7 +176,10 @@ pub(crate) fn forced(cx: &mut Ctx<'_>) -> bool {
     let Some(n) = fetch(cx, rip, &mut code) else {
         return false;
     };
-    if n < P || code[..P] != uapi::LGUEST_EMULATE_PREFIX {
+    if n < P
+        || (code[..P] != uapi::LGUEST_EMULATE_PREFIX
+            && code[..P] != uapi::LGUEST_KVM_EMULATE_PREFIX)
+    {
         return false;
     }
     match decode(&code[P..n]) {
@@ -206,6 +209,10 @@ pub(crate) fn privileged(cx: &mut Ctx<'_>) -> Result<bool, Kill> {
         return Ok(false);
     }
     let allowed = Switcher::get().map(|s| s.xsave_mask()).unwrap_or(0);
+    let cr2 = match (insn, cx.vcpu.lguest_data) {
+        (Insn::MovFromCr { cr: 2, .. }, Some(ld)) => ld.cr2(cx.mem)?,
+        _ => 0,
+    };
     let v = &mut *cx.vcpu;
     let r = &mut v.cpu.regs;
     match insn {
@@ -218,6 +225,7 @@ pub(crate) fn privileged(cx: &mut Ctx<'_>) -> Result<bool, Kill> {
         Insn::MovFromCr { cr, gpr } => {
             let value = match cr {
                 0 => VIRT_CR0,
+                2 => cr2,
                 4 => virt_cr4(),
                 _ => return Ok(false),
             };

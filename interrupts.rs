@@ -205,8 +205,8 @@ fn enter_kernel(
     Ok(true)
 }
 
-/// Does what the guest's `iretq` at `noirq_iret` was doing: pops RIP, CS,
-/// RFLAGS, RSP and SS from its stack.
+/// Does what the guest's `iretq` (at `noirq_iret`, or any in guest kernel
+/// mode) was doing: pops RIP, CS, RFLAGS, RSP and SS from its stack.
 ///
 /// Needed under QEMU's software emulator before 8.x, which reads the
 /// IRET frame with supervisor rights: with SMAP on, an `iretq` in ring 3
@@ -258,6 +258,18 @@ pub(crate) fn hardware_trap(
             if rip == ld.noirq_iret(cx.mem)? && emulate_iret(cx)? {
                 return Ok(());
             }
+        }
+        // The same for any `iretq` of the guest kernel (a Linux guest's
+        // sync_core() returns to itself with one), when the fault is on
+        // its frame.
+        let (rip, rsp) = (cx.vcpu.cpu.regs.rip, cx.vcpu.cpu.regs.rsp);
+        let mut insn = [0u8; 2];
+        if cr2.wrapping_sub(rsp) < 40
+            && cx.read_va(rip, &mut insn).is_ok()
+            && insn == [0x48, 0xcf]
+            && emulate_iret(cx)?
+        {
+            return Ok(());
         }
     }
     // SYSCALL is off while a guest runs (it would enter the host): its #UD

@@ -104,6 +104,12 @@ impl LguestData {
         self.read(mem, offset_of!(Raw, kernel_sp0))
     }
 
+    /// The guest's virtual CR2: the last page fault's address, as the host
+    /// wrote it (or the guest's own `write_cr2`).
+    pub(crate) fn cr2(&self, mem: &GuestMemory) -> Result<u64, Kill> {
+        self.read(mem, offset_of!(Raw, cr2))
+    }
+
     /// Writes `cr2` (before a page fault is delivered).
     pub(crate) fn set_cr2(&self, mem: &GuestMemory, cr2: u64) -> Result<(), Kill> {
         self.write(mem, offset_of!(Raw, cr2), cr2)

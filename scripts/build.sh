@@ -48,8 +48,15 @@ else
 	bash "$REPO/guest/build.sh" "$OUT/guests" --quiet >&2 || fail "guest build failed"
 fi
 
-say "the Linux guest (guest/linux)"
-LINUX=$(bash "$REPO/guest/linux/build.sh") || fail "the Linux guest build failed"
+if [ -n "${LGUEST_LINUX_GUEST:-}" ]; then
+	# A guest kernel built by hand (guest/linux/README.md, "Working on it").
+	say "the Linux guest: $LGUEST_LINUX_GUEST"
+	LINUX=$LGUEST_LINUX_GUEST
+	[ -f "$LINUX" ] || fail "LGUEST_LINUX_GUEST=$LINUX: no such file"
+else
+	say "the Linux guest (guest/linux)"
+	LINUX=$(bash "$REPO/guest/linux/build.sh") || fail "the Linux guest build failed"
+fi
 
 say "initramfs"
 ROOT="$OUT/rootfs"

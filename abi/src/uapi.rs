@@ -459,6 +459,12 @@ pub const LGUEST_TRAP_ENTRY: u8 = 0x1F;
 pub const LGUEST_EMULATE_PREFIX: [u8; LGUEST_EMULATE_PREFIX_LEN] = *b"\x0f\x0blgu";
 /// The length of [`LGUEST_EMULATE_PREFIX`].
 pub const LGUEST_EMULATE_PREFIX_LEN: usize = 5;
+/// KVM's forced-emulation prefix, `ud2` and "kvm", which the host takes
+/// exactly as [`LGUEST_EMULATE_PREFIX`]: Linux's instruction decoder (and
+/// so objtool, which checks every instruction of a kernel) knows it and
+/// Xen's as prefixes, and would read "lgu" as instructions, so the Linux
+/// guest's CPUID hook uses this one.
+pub const LGUEST_KVM_EMULATE_PREFIX: [u8; LGUEST_EMULATE_PREFIX_LEN] = *b"\x0f\x0bkvm";
 
 /// Where a guest starts: the ELF entry point, in ring 3, with CS
 /// [`LGUEST_GUEST_CS`], SS [`LGUEST_GUEST_SS`], hardware IF set, virtual

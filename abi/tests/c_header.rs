@@ -47,6 +47,11 @@ fn rust_side() -> BTreeMap<&'static str, u64> {
             b[..abi::LGUEST_EMULATE_PREFIX_LEN].copy_from_slice(&abi::LGUEST_EMULATE_PREFIX);
             u64::from_le_bytes(b)
         }),
+        ("LGUEST_KVM_EMULATE_PREFIX", {
+            let mut b = [0u8; 8];
+            b[..abi::LGUEST_EMULATE_PREFIX_LEN].copy_from_slice(&abi::LGUEST_KVM_EMULATE_PREFIX);
+            u64::from_le_bytes(b)
+        }),
         (
             "LGUEST_EMULATE_PREFIX_LEN",
             abi::LGUEST_EMULATE_PREFIX_LEN as u64,

@@ -86,6 +86,11 @@ fn invalid_tables_are_refused() {
 #[test]
 fn prefix_is_ud2_and_lgu() {
     assert_eq!(abi::LGUEST_EMULATE_PREFIX, [0x0f, 0x0b, b'l', b'g', b'u']);
+    // Linux's __KVM_EMULATE_PREFIX (arch/x86/include/asm/emulate_prefix.h).
+    assert_eq!(
+        abi::LGUEST_KVM_EMULATE_PREFIX,
+        [0x0f, 0x0b, 0x6b, 0x76, 0x6d]
+    );
     assert_eq!(
         abi::LGUEST_EMULATE_PREFIX.len(),
         abi::LGUEST_EMULATE_PREFIX_LEN

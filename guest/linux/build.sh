@@ -21,8 +21,9 @@ fail() { printf '[guest-linux] ERROR: %s\n' "$*" >&2; exit 1; }
 
 [ -f "$KSRC/Makefile" ] || fail "no kernel source at $KSRC: run scripts/setup.sh"
 ver=$(make -s -C "$KSRC" kernelversion)
-key=$ver-$( { cat "$HERE/guest.config" "$HERE"/patches/*.patch; "$KRUSTC" --version; clang-19 --version | head -1; } \
-	| sha256sum | cut -c1-12)
+key=$ver-$( { cat "$HERE/guest.config" "$HERE"/patches/*.patch;
+	(cd "$HERE" && find arch -type f | LC_ALL=C sort | xargs sha256sum);
+	"$KRUSTC" --version; clang-19 --version | head -1; } | sha256sum | cut -c1-12)
 DIR=$CACHE/guest-linux/$key
 if [ -f "$DIR/.lguest-built" ]; then
 	echo "$DIR/obj/vmlinux"
@@ -38,6 +39,8 @@ for p in "$HERE"/patches/*.patch; do
 	patch -d "$DIR/src" -p1 -s --no-backup-if-mismatch <"$p" >>"$LOG" 2>&1 \
 		|| { tail -5 "$LOG" >&2; fail "$(basename "$p") does not apply to $ver"; }
 done
+# The backend's own files (arch/x86/lguest/): new files, so copies, not links.
+cp -r --remove-destination "$HERE/arch" "$DIR/src/"
 {
 	"${KMAKE[@]}" -C "$DIR/src" O="$DIR/obj" allnoconfig
 	"$DIR/src/scripts/kconfig/merge_config.sh" -m -O "$DIR/obj" "$DIR/obj/.config" "$HERE/guest.config"

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 //! The boot protocol as the launcher keeps it: the guest RAM size from
 //! `--memory`, the command line in the last page of RAM, and the registers
-//! the guest starts with (RIP = entry, RDI = command line, RSI = RAM size).
+//! the guest starts with (RIP = entry, RDI = command line, RSI = RAM size,
+//! or for a Linux guest its `boot_params`: `linux.rs`).
 
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
@@ -129,9 +130,10 @@ pub fn write_cmdline(mem: &GuestMemory, line: &[u8]) -> Result<u64, CmdlineError
 }
 
 /// The registers the guest starts with: `regs` (from GET_REGS) with RIP,
-/// RDI and RSI set by the boot protocol.
-pub fn boot_regs(regs: abi::LguestRegs, entry: u64, cmdline: u64, mem_size: u64) -> abi::LguestRegs {
-    abi::LguestRegs { rip: entry, rdi: cmdline, rsi: mem_size, ..regs }
+/// RDI and RSI set by the boot protocol (RSI: the RAM size, or a Linux
+/// guest's `boot_params`).
+pub fn boot_regs(regs: abi::LguestRegs, entry: u64, cmdline: u64, rsi: u64) -> abi::LguestRegs {
+    abi::LguestRegs { rip: entry, rdi: cmdline, rsi, ..regs }
 }
 
 #[cfg(test)]

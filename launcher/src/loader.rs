@@ -246,6 +246,16 @@ pub enum Problem {
     /// The "lguest" entry note names an address no segment holds.
     #[error("the \"lguest\" entry note names {0:#x}, which no PT_LOAD segment holds")]
     NoteEntryOutside(u64),
+    /// A Linux kernel larger than guest RAM.
+    #[error("a Linux kernel ending at {end:#x}, past the end of guest memory ({mem}): give --memory {need} or more")]
+    LinuxTooBig {
+        /// Where its image ends.
+        end: u64,
+        /// Guest RAM.
+        mem: Size,
+        /// What would do.
+        need: Size,
+    },
     /// Copying into guest memory failed (should not happen after the checks).
     #[error("copying into guest memory")]
     Memory(#[source] MemoryError),
@@ -287,6 +297,9 @@ pub struct Image {
     pub segments: Vec<Segment>,
     /// The `PT_NOTE` segments: (file offset, size).
     pub notes: Vec<(u64, u64)>,
+    /// A Linux kernel with the "lguest" entry note: booted with
+    /// `boot_params` (`linux.rs`).
+    pub linux: bool,
 }
 
 /// Where a Linux bzImage has its boot-protocol magic, "HdrS".
@@ -392,7 +405,18 @@ pub fn load_file(path: &Path, mem: &GuestMemory) -> Result<Image, LoadError> {
 pub fn load_from(file: &str, src: &dyn ReadAt, len: u64, mem: &GuestMemory) -> Result<Image, LoadError> {
     let fail = |problem| LoadError { file: file.to_owned(), problem };
     let headers = read_headers(src, len).map_err(fail)?;
-    let mut image = check_headers(&headers, len, mem.mem_size()).map_err(fail)?;
+    let mut image = match check_headers(&headers, len, mem.mem_size()) {
+        Err(Problem::OutsideMemory { .. }) if linux_too_big(&headers, src, len) => {
+            let image = check_headers(&headers, len, abi::LGUEST_MAX_MEM + PAGE_SIZE).map_err(fail)?;
+            let end = image.segments.iter().map(|s| s.range().end).max().unwrap_or(0);
+            return Err(fail(Problem::LinuxTooBig {
+                end,
+                mem: Size(mem.mem_size()),
+                need: Size(crate::linux::min_memory(end, 0)),
+            }));
+        }
+        other => other.map_err(fail)?,
+    };
     note_entry(&mut image, src, len).map_err(fail)?;
     let mut data = Vec::new();
     for seg in &image.segments {
@@ -617,12 +641,19 @@ fn check_headers(bytes: &[u8], file_len: u64, mem_size: u64) -> Result<Image, Pr
         .filter(|ph| ph.p_type == PT_NOTE && ph.p_filesz > 0)
         .map(|ph| (ph.p_offset, ph.p_filesz))
         .collect();
-    let image = Image { entry: hdr.e_entry, segments, notes };
+    let image = Image { entry: hdr.e_entry, segments, notes, linux: false };
     // With notes, the entry may be a Linux guest's note's (load_from).
     if image.notes.is_empty() {
         check_entry(&image)?;
     }
     Ok(image)
+}
+
+/// Whether an image whose segments do not fit in guest memory is a Linux
+/// guest that would fit in more (so that the error can say so).
+fn linux_too_big(headers: &[u8], src: &dyn ReadAt, len: u64) -> bool {
+    let Ok(mut image) = check_headers(headers, len, abi::LGUEST_MAX_MEM + PAGE_SIZE) else { return false };
+    note_entry(&mut image, src, len).is_ok() && image.linux
 }
 
 /// The entry point must be in an executable segment.
@@ -652,6 +683,7 @@ fn note_entry(image: &mut Image, src: &dyn ReadAt, file_len: u64) -> Result<(), 
         let Some(desc) = find_note(&bytes, "lguest", Some(LGUEST_ELFNOTE_ENTRY)) else { continue };
         let va = <[u8; 8]>::try_from(desc).map(u64::from_le_bytes).map_err(|_| Problem::BadEntryNote(desc.len()))?;
         image.entry = image.phys_of(va).ok_or(Problem::NoteEntryOutside(va))?;
+        image.linux = true;
         return Ok(());
     }
     if linux {
@@ -814,6 +846,8 @@ pub(crate) mod tests {
         notes.extend(note("lguest", LGUEST_ELFNOTE_ENTRY, &0x20_0008u64.to_le_bytes()));
         let image = check(&with_notes(notes).build(), MEM).expect("valid");
         assert_eq!(image.entry, 0x20_0008);
+        assert!(image.linux, "booted as Linux");
+        assert!(!check(&guest_image().build(), MEM).expect("valid").linux);
         // A kernel without the note: a clear error, not one about PF_X.
         let img = with_notes(note("Linux", 1, b"OPEN"));
         assert!(matches!(problem(&img), Problem::LinuxWithoutEntry), "{}", problem(&img));
@@ -831,6 +865,21 @@ pub(crate) mod tests {
         cut.truncate(cut.len() - 4);
         let image = check(&with_notes(cut).build(), MEM).expect("valid");
         assert_eq!(image.entry, 0x10_0010);
+    }
+
+    /// A Linux kernel that does not fit gets an error that says so and what
+    /// would do; another image the usual one.
+    #[test]
+    fn a_linux_kernel_too_big_for_memory() {
+        let linux = with_notes(note("lguest", LGUEST_ELFNOTE_ENTRY, &0x20_0008u64.to_le_bytes())).build();
+        let small = GuestMemory::new(2 << 20, 1).expect("memory");
+        let e = load("vmlinux", &linux, &small).expect_err("too big");
+        assert_eq!(
+            e.to_string(),
+            "vmlinux: a Linux kernel ending at 0x203000, past the end of guest memory (2 MiB): give --memory 32 MiB or more"
+        );
+        let e = load("g.elf", &guest_image().build(), &small).expect_err("too big");
+        assert!(matches!(e.problem, Problem::OutsideMemory { .. }), "{e}");
     }
 
     #[test]

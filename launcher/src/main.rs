@@ -17,6 +17,7 @@ mod boot;
 mod cpuid;
 mod dev;
 mod exit;
+mod linux;
 mod loader;
 mod memory;
 mod ratelimit;
@@ -61,11 +62,14 @@ fn parse_serial(s: &str) -> Result<virtio::console::ConsoleMode, String> {
     }
 }
 
+// Parsed once, at start: the size of `Run`'s options costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Show the module's ABI version and check that it matches this launcher.
     Version,
-    /// Run a guest: a static x86-64 ELF executable.
+    /// Run a guest: a static x86-64 ELF executable, or the vmlinux of a
+    /// Linux kernel built with CONFIG_LGUEST_GUEST (guest/linux).
     ///
     /// Launcher options go before GUEST; everything after it is the guest's
     /// command line.
@@ -134,13 +138,18 @@ enum Command {
         /// filters (where on and log are errors).
         #[arg(long, value_name = "off|log|on")]
         seccomp: Option<sandbox::SeccompMode>,
-        /// What the guest's CPUID says: host (the host CPU, the default) or
-        /// filtered (the host CPU less what a guest cannot use, with the
-        /// hypervisor bit and leaf 0x40000000 "LguestLguest"; given to the
-        /// module as the VM's table, and to a plain cpuid where the host
-        /// can make CPUID fault).
-        #[arg(long, value_name = "host|filtered", default_value = "host")]
-        cpuid: cpuid::CpuidMode,
+        /// What the guest's CPUID says: host (the host CPU) or filtered (the
+        /// host CPU less what a guest cannot use, with the hypervisor bit
+        /// and leaf 0x40000000 "LguestLguest"; given to the module as the
+        /// VM's table, and to a plain cpuid where the host can make CPUID
+        /// fault). Default: filtered for a Linux guest, host otherwise.
+        #[arg(long, value_name = "host|filtered")]
+        cpuid: Option<cpuid::CpuidMode>,
+        /// An initramfs for a Linux guest (a vmlinux built with
+        /// CONFIG_LGUEST_GUEST), placed at the top of guest RAM and named in
+        /// its boot_params.
+        #[arg(long, value_name = "FILE")]
+        initrd: Option<PathBuf>,
         /// Print the counters on stderr at exit: the vCPU's exits and
         /// hypercalls, the device interrupts, the guest's stray
         /// notifications, and per device its kicks, interrupts, packets or
@@ -208,6 +217,7 @@ fn main() -> ExitCode {
             sync_kicks,
             seccomp,
             cpuid,
+            initrd,
             stats,
             guest,
             args,
@@ -219,6 +229,7 @@ fn main() -> ExitCode {
             irq_every: *irq_every,
             seccomp: *seccomp,
             cpuid: *cpuid,
+            initrd: initrd.clone(),
             devices: run::DeviceOptions {
                 console: if *no_console { virtio::console::ConsoleMode::Off } else { console.clone() },
                 serial: serial.clone(),

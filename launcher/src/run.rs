@@ -31,6 +31,7 @@ use crate::boot;
 use crate::cpuid::{self, CpuidMode};
 use crate::dev::{DevError, ExitData, Lguest, RunPage};
 use crate::exit::{self, Action};
+use crate::linux;
 use crate::loader;
 use crate::memory::{GuestMemory, Size};
 use crate::sandbox::{self, Role, SeccompMode};
@@ -63,8 +64,11 @@ pub struct RunOptions {
     pub irq_every: Option<(u64, u32)>,
     /// The seccomp filters' mode (`None`: on where the kernel has them).
     pub seccomp: Option<SeccompMode>,
-    /// What the guest's CPUID says.
-    pub cpuid: CpuidMode,
+    /// What the guest's CPUID says (`None`: filtered for a Linux guest,
+    /// the host's otherwise).
+    pub cpuid: Option<CpuidMode>,
+    /// A Linux guest's initramfs.
+    pub initrd: Option<PathBuf>,
     /// The devices on the lguest bus.
     pub devices: DeviceOptions,
 }
@@ -223,6 +227,17 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
     }
     let line = boot::join_args(&opts.args)?;
     let cmdline = boot::write_cmdline(&mem, &line)?;
+    // RSI: a Linux guest's boot_params, another guest's RAM size.
+    let rsi = if image.linux {
+        let layout = linux::setup(&mem, &image, line.len(), opts.initrd.as_deref())?;
+        log::info!("Linux boot_params at {:#x}, initramfs {:?}", layout.boot_params, layout.initrd);
+        layout.boot_params
+    } else if opts.initrd.is_some() {
+        return Err(linux::LinuxError::NotLinux(opts.guest.display().to_string()).into());
+    } else {
+        mem.mem_size()
+    };
+    let cpuid_mode = opts.cpuid.unwrap_or(if image.linux { CpuidMode::Filtered } else { CpuidMode::Host });
     log::info!(
         "{}: entry {:#x}, {} of RAM, command line {:?}",
         opts.guest.display(),
@@ -247,7 +262,7 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
         reserved: [0; 4],
     };
     lg.create_vm(&config)?;
-    if opts.cpuid == CpuidMode::Filtered {
+    if cpuid_mode == CpuidMode::Filtered {
         let table = cpuid::filter(cpuid::host_table());
         log::debug!("CPUID table: {} entries", table.len());
         lg.set_cpuid(&table).context("setting the guest's CPUID (--cpuid filtered)")?;
@@ -262,7 +277,7 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
     let vcpu = lg.create_vcpu()?;
     let page = lg.map_run_page(vcpu)?;
     let regs = lg.get_regs(vcpu)?;
-    lg.set_regs(vcpu, &boot::boot_regs(regs, image.entry, cmdline, mem.mem_size()))?;
+    lg.set_regs(vcpu, &boot::boot_regs(regs, image.entry, cmdline, rsi))?;
 
     // A fresh page has it clear; say so rather than rely on it.
     page.set_immediate_exit(false);
@@ -318,7 +333,7 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
         signals::unblock();
         // The table also answers the guest's plain cpuid where this
         // thread can make CPUID fault.
-        let faulting = opts.cpuid == CpuidMode::Filtered
+        let faulting = cpuid_mode == CpuidMode::Filtered
             && match cpuid::fault_on_this_thread() {
                 Ok(on) => {
                     if !on {

@@ -130,6 +130,7 @@ struct lguest_cpuid {
  */
 #define LGUEST_EMULATE_PREFIX	0x75676c0b0fULL
 #define LGUEST_EMULATE_PREFIX_LEN	5
+#define LGUEST_KVM_EMULATE_PREFIX	0x6d766b0b0fULL	/* KVM's, taken the same way */
 #define LGUEST_CMDLINE_MAX	4096
 #define LGUEST_LOAD_MIN		0x100000
 /* The end of the guest-virtual addresses a guest may map and run at. */

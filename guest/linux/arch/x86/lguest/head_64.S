@@ -1,0 +1,168 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * The lguest-rs guest's asm: its entry, and the paravirt hooks that must
+ * keep every register but RAX (the callee-save convention of pv_ops.irq
+ * and of mmu.read_cr2) and may run in noinstr code. Everything else is
+ * lguest.rs.
+ *
+ * The hypercall convention is lguest-rs's (include/uapi/linux/lguest.h
+ * there): int $0x1f, RAX the number, RDI, RSI, RDX and R10 the arguments;
+ * every other register comes back unchanged.
+ */
+#include <linux/elfnote.h>
+#include <linux/init.h>
+#include <linux/linkage.h>
+#include <asm/ibt.h>
+#include <asm/nospec-branch.h>
+#include <asm/page_types.h>
+#include <asm/pgtable_types.h>
+#include <asm/pgtable_64_types.h>
+#include <asm/processor-flags.h>
+#include <asm/unwind_hints.h>
+
+#define LGUEST_TRAP_ENTRY		0x1f
+#define LHCALL_LGUEST_INIT		1
+#define LHCALL_NEW_PGTABLE		4
+#define LHCALL_SEND_INTERRUPTS		19
+#define LGUEST_INIT_LINUX_FRAMES	1
+#define LGUEST_INIT_TLB_SHADOWS		2
+#define LGUEST_ELFNOTE_ENTRY		1
+
+/* struct lguest_data (lguest.rs checks these against its definition) */
+#define LGUEST_DATA_irq_enabled		0
+#define LGUEST_DATA_cr2			16
+#define LGUEST_DATA_irq_pending		40
+
+/*
+ * The entry. The launcher starts the vCPU here, in ring 3, at the entry's
+ * physical address on the host's initial linear map (guest-virtual =
+ * guest-physical for RAM above 1 MiB), with RSI the guest-physical
+ * address of boot_params. So until the jump below only RIP-relative
+ * addresses work, and they give physical addresses.
+ *
+ * It registers lguest_data (physical, as the host wants it), choosing
+ * Linux-shaped frames and TLB semantics for the shadow page tables, then
+ * loads lguest_boot_pgt, which maps the 2 MiB page this code is in at its
+ * physical address (where it runs now: the host refuses a guest page that
+ * reaches past RAM, so no bigger identity map that would need RAM's size
+ * here) and the kernel image where it is linked (the image's own
+ * level3_kernel_pgt), jumps to the linked address,
+ * takes the init task's stack and calls lguest_start_kernel(), which finds
+ * boot_params copied to lguest_boot_params.
+ * GS base is 0, as the boot CPU of a uniprocessor kernel wants it: the
+ * launcher starts every base at 0.
+ */
+	__INIT
+SYM_CODE_START(lguest_entry)
+	UNWIND_HINT_END_OF_STACK
+	ANNOTATE_NOENDBR
+	cld
+	/*
+	 * boot_params, while the host's linear map still reaches it (the BSS,
+	 * where the kernel's copy lives, is cleared later).
+	 */
+	leaq	lguest_boot_params(%rip), %rdi
+	movl	$PAGE_SIZE, %ecx
+	rep movsb
+	leaq	lguest_data(%rip), %rdi
+	movl	$(LGUEST_INIT_LINUX_FRAMES | LGUEST_INIT_TLB_SHADOWS), %esi
+	movl	$LHCALL_LGUEST_INIT, %eax
+	int	$LGUEST_TRAP_ENTRY
+	/* lguest_ident_pmd[entry >> 21] = the entry's 2 MiB page */
+	leaq	lguest_entry(%rip), %rax
+	shrq	$PMD_SHIFT, %rax
+	movl	%eax, %ecx
+	andl	$(PTRS_PER_PMD - 1), %ecx
+	shlq	$PMD_SHIFT, %rax
+	orq	$(_KERNPG_TABLE_NOENC + _PAGE_PSE), %rax
+	leaq	lguest_ident_pmd(%rip), %rdx
+	movq	%rax, (%rdx, %rcx, 8)
+	leaq	lguest_boot_pgt(%rip), %rdi
+	movl	$LHCALL_NEW_PGTABLE, %eax
+	int	$LGUEST_TRAP_ENTRY
+	movabsq	$lguest_entry_high, %rax
+	ANNOTATE_RETPOLINE_SAFE
+	jmp	*%rax
+SYM_CODE_END(lguest_entry)
+
+/* The same code, now at its linked address. */
+SYM_CODE_START_LOCAL(lguest_entry_high)
+	UNWIND_HINT_END_OF_STACK
+	ANNOTATE_NOENDBR
+	leaq	__top_init_kernel_stack(%rip), %rsp
+	/*
+	 * lguest_start_kernel() never returns: jump to it with a null return
+	 * address, as a call would leave the stack (objtool wants a noreturn
+	 * callee listed in its own table; a jump needs no entry there).
+	 */
+	pushq	$0
+	jmp	lguest_start_kernel
+SYM_CODE_END(lguest_entry_high)
+	__FINIT
+
+	__INITDATA
+	.balign	PAGE_SIZE
+SYM_DATA_START_LOCAL(lguest_boot_pgt)
+	.quad	lguest_ident_pud - __START_KERNEL_map + _KERNPG_TABLE_NOENC
+	.fill	510, 8, 0
+	.quad	level3_kernel_pgt - __START_KERNEL_map + _PAGE_TABLE_NOENC
+SYM_DATA_END(lguest_boot_pgt)
+/* The first GiB of physical memory, where the launcher loads the kernel. */
+SYM_DATA_START_LOCAL(lguest_ident_pud)
+	.quad	lguest_ident_pmd - __START_KERNEL_map + _KERNPG_TABLE_NOENC
+	.fill	511, 8, 0
+SYM_DATA_END(lguest_ident_pud)
+SYM_DATA_START_LOCAL(lguest_ident_pmd)
+	.fill	512, 8, 0
+SYM_DATA_END(lguest_ident_pmd)
+SYM_DATA_START(lguest_boot_params)
+	.skip	PAGE_SIZE
+SYM_DATA_END(lguest_boot_params)
+	__FINITDATA
+
+/*
+ * pv_ops.irq: the virtual IF is lguest_data.irq_enabled (X86_EFLAGS_IF or
+ * 0), which the host reads before it delivers an interrupt. irq_enable is
+ * the point of the 2009 change lguest-rs started from: there is no
+ * patchable stub, so after it turns interrupts on it asks the host
+ * (irq_pending) whether one is waiting, and if so makes the exit that
+ * delivers it, until none is.
+ *
+ * pv_ops calls them through pointers, so each starts with ENDBR (a
+ * no-op: a ring-3 kernel never turns IBT on, but objtool checks).
+ */
+	.pushsection .noinstr.text, "ax"
+SYM_FUNC_START(lguest_save_fl)
+	ENDBR
+	movq	lguest_data+LGUEST_DATA_irq_enabled(%rip), %rax
+	RET
+SYM_FUNC_END(lguest_save_fl)
+
+SYM_FUNC_START(lguest_irq_disable)
+	ENDBR
+	movq	$0, lguest_data+LGUEST_DATA_irq_enabled(%rip)
+	RET
+SYM_FUNC_END(lguest_irq_disable)
+
+SYM_FUNC_START(lguest_irq_enable)
+	ENDBR
+	movq	$X86_EFLAGS_IF, lguest_data+LGUEST_DATA_irq_enabled(%rip)
+.Lcheck:
+	cmpq	$0, lguest_data+LGUEST_DATA_irq_pending(%rip)
+	jne	.Lsend
+	RET
+.Lsend:
+	movl	$LHCALL_SEND_INTERRUPTS, %eax
+	int	$LGUEST_TRAP_ENTRY
+	jmp	.Lcheck
+SYM_FUNC_END(lguest_irq_enable)
+
+/* pv_ops.mmu.read_cr2: the host writes the fault address before it delivers a #PF. */
+SYM_FUNC_START(lguest_read_cr2)
+	ENDBR
+	movq	lguest_data+LGUEST_DATA_cr2(%rip), %rax
+	RET
+SYM_FUNC_END(lguest_read_cr2)
+	.popsection
+
+	ELFNOTE(lguest, LGUEST_ELFNOTE_ENTRY, .quad lguest_entry)

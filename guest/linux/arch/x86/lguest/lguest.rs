@@ -1,0 +1,837 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! lguest-rs's paravirt backend for Linux: what `arch/x86/lguest/boot.c`
+//! was for the original lguest's i386 guests, written in Rust.
+//!
+//! The launcher starts the kernel at `lguest_entry` (`head_64.S`), which
+//! registers [`LGUEST_DATA`] with the host, switches to a page table that
+//! maps the image where it is linked and calls [`lguest_start_kernel`]. That
+//! fills `pv_ops` and the `x86_init`/`x86_platform` hooks, gives the kernel
+//! a direct map of its RAM and an early IDT, and enters the native boot at
+//! `x86_64_start_reservations()`, as Xen's `xen_start_kernel()` does.
+//!
+//! The hooks that must keep every register (`pv_ops.irq`, `read_cr2`) are
+//! `head_64.S`'s; everything else is here. The host's ABI is lguest-rs's
+//! `Documentation/guest-abi.rst`; the numbers below are its
+//! `include/uapi/linux/lguest.h`.
+
+use core::cell::UnsafeCell;
+use kernel::ffi::{c_char, c_int, c_uint, c_ulong, c_void};
+use core::mem::offset_of;
+use core::ptr;
+
+use kernel::bindings;
+
+/// Hypercall numbers (`LHCALL_*`).
+mod lhcall {
+    pub(crate) const SHUTDOWN: u64 = 2;
+    pub(crate) const NEW_PGTABLE: u64 = 4;
+    pub(crate) const FLUSH_TLB: u64 = 5;
+    pub(crate) const LOAD_IDT_ENTRY: u64 = 6;
+    pub(crate) const HALT: u64 = 10;
+    pub(crate) const NOTIFY: u64 = 17;
+    pub(crate) const SET_SEGMENT_BASE: u64 = 22;
+    pub(crate) const INVLPG: u64 = 24;
+}
+
+/// `LHCALL_SHUTDOWN` reasons.
+const SHUTDOWN_POWEROFF: u64 = 1;
+const SHUTDOWN_RESTART: u64 = 2;
+const SHUTDOWN_CRASH: u64 = 3;
+
+/// `LHCALL_SET_SEGMENT_BASE` selectors.
+const BASE_FS: u64 = 0;
+const BASE_GS: u64 = 1;
+const BASE_USER_GS: u64 = 2;
+
+/// The vectors the host keeps (NMI, #DF, #MC, its hypercall gate): never
+/// given to `LHCALL_LOAD_IDT_ENTRY`.
+const HOST_VECTORS: [c_int; 4] = [2, 8, 18, 0x1f];
+
+/// `struct lguest_data`: the page the guest shares with the host.
+#[repr(C, align(4096))]
+struct LguestData {
+    irq_enabled: u64,
+    blocked_interrupts: [u64; 1],
+    cr2: u64,
+    time_sec: u64,
+    time_nsec: u64,
+    irq_pending: u64,
+    hcall_status: [u8; 64],
+    hcalls: [[u64; 5]; 64],
+    reserve_mem: u64,
+    tsc_khz: u32,
+    pad0: u32,
+    noirq_iret: u64,
+    kernel_address: u64,
+    syscall_vec: u32,
+    pad1: u32,
+    kernel_sp0: u64,
+}
+
+// The offsets head_64.S uses, and the ABI's (guest-abi.rst).
+const _: () = assert!(offset_of!(LguestData, irq_enabled) == 0);
+const _: () = assert!(offset_of!(LguestData, cr2) == 16);
+const _: () = assert!(offset_of!(LguestData, irq_pending) == 40);
+const _: () = assert!(offset_of!(LguestData, reserve_mem) == 2672);
+const _: () = assert!(offset_of!(LguestData, kernel_sp0) == 2712);
+
+/// [`LguestData`] as a static the host writes behind the compiler's back.
+#[repr(transparent)]
+struct Shared(UnsafeCell<LguestData>);
+
+// SAFETY: the kernel is uniprocessor (LGUEST_GUEST depends on !SMP), and
+// every access goes through volatile reads and writes of single fields.
+unsafe impl Sync for Shared {}
+
+/// The shared page. In `.data` rather than `.bss`: the entry registers it
+/// before `clear_bss()` runs, and the host has written into it by then. The
+/// async ring's status bytes start free (0xff).
+#[export_name = "lguest_data"]
+#[link_section = ".data..page_aligned"]
+static LGUEST_DATA: Shared = Shared(UnsafeCell::new(LguestData {
+    irq_enabled: 0,
+    blocked_interrupts: [0; 1],
+    cr2: 0,
+    time_sec: 0,
+    time_nsec: 0,
+    irq_pending: 0,
+    hcall_status: [0xff; 64],
+    hcalls: [[0; 5]; 64],
+    reserve_mem: 0,
+    tsc_khz: 0,
+    pad0: 0,
+    noirq_iret: 0,
+    kernel_address: 0,
+    syscall_vec: 0,
+    pad1: 0,
+    kernel_sp0: 0,
+}));
+
+/// Reads a field of the shared page.
+macro_rules! ld_read {
+    ($field:ident) => {
+        // SAFETY: the field of a static, aligned; volatile because the host
+        // writes it.
+        unsafe { ptr::addr_of!((*LGUEST_DATA.0.get()).$field).read_volatile() }
+    };
+}
+
+/// Writes a field of the shared page.
+macro_rules! ld_write {
+    ($field:ident, $value:expr) => {
+        // SAFETY: as for `ld_read`; the guest owns the fields it writes.
+        unsafe { ptr::addr_of_mut!((*LGUEST_DATA.0.get()).$field).write_volatile($value) }
+    };
+}
+
+/// Makes hypercall `nr`.
+fn hcall(nr: u64, a1: u64, a2: u64, a3: u64) {
+    // SAFETY: `int $0x1f` enters the host, which changes no register but
+    // RAX and reads or writes only the guest memory the call names (every
+    // caller passes memory it owns); it does not use the guest's stack.
+    unsafe {
+        core::arch::asm!(
+            "int 0x1f",
+            inout("rax") nr => _,
+            in("rdi") a1,
+            in("rsi") a2,
+            in("rdx") a3,
+            options(nostack)
+        );
+    }
+}
+
+/// Where the x86-64 kernel image is linked (`__START_KERNEL_map`).
+const START_KERNEL_MAP: u64 = 0xffff_ffff_8000_0000;
+
+/// The guest-physical address of something in the kernel image.
+fn pa_symbol<T>(p: *const T) -> u64 {
+    // SAFETY: `phys_base` is written only by the native boot, which does
+    // not run here; reading it is reading a u64.
+    let base = unsafe { ptr::addr_of!(bindings::phys_base).read() };
+    p as u64 - START_KERNEL_MAP + base as u64
+}
+
+/// A value cell for the hooks' small state (CR3, MSRs).
+struct Cell64(UnsafeCell<u64>);
+
+// SAFETY: uniprocessor, and the hooks that use these run with the state
+// they guard (a CR3 write, an MSR write) serialized by the kernel.
+unsafe impl Sync for Cell64 {}
+
+impl Cell64 {
+    const fn new(v: u64) -> Self {
+        Self(UnsafeCell::new(v))
+    }
+    fn get(&self) -> u64 {
+        // SAFETY: see the Sync impl.
+        unsafe { *self.0.get() }
+    }
+    fn set(&self, v: u64) {
+        // SAFETY: see the Sync impl.
+        unsafe { *self.0.get() = v }
+    }
+}
+
+// ---- pv_ops.cpu ----------------------------------------------------------
+
+/// CR0 as a native long-mode kernel has it (PE MP ET NE WP AM PG).
+const VIRT_CR0: c_ulong = 0x8005_0033;
+
+/// KVM's forced-emulation prefix (`ud2; "kvm"`, which objtool decodes as a
+/// prefix; the host takes it as its own `"lgu"`): the host answers the `cpuid`
+/// after it from the launcher's table, on any host.
+unsafe extern "C" fn lguest_cpuid(eax: *mut c_uint, ebx: *mut c_uint, ecx: *mut c_uint, edx: *mut c_uint) {
+    // SAFETY: the kernel passes four valid pointers.
+    let (leaf, sub) = unsafe { (*eax, *ecx) };
+    let (mut a, mut b, mut c, mut d): (u32, u32, u32, u32);
+    // SAFETY: the prefix makes the host emulate the cpuid (it raises #UD,
+    // which the host turns into the instruction's result and skips); RBX
+    // is saved and restored around it as LLVM needs.
+    unsafe {
+        core::arch::asm!(
+            "mov {t:r}, rbx",
+            ".byte 0x0f, 0x0b, 0x6b, 0x76, 0x6d",
+            "cpuid",
+            "xchg {t:r}, rbx",
+            t = out(reg) b,
+            inout("eax") leaf => a,
+            inout("ecx") sub => c,
+            out("edx") d,
+            options(nostack)
+        );
+    }
+    mask_cpuid(leaf, sub, &mut a, &mut b, &mut c, &mut d);
+    // SAFETY: as above.
+    unsafe {
+        *eax = a;
+        *ebx = b;
+        *ecx = c;
+        *edx = d;
+    }
+}
+
+/// What the guest kernel must not see, beyond the launcher's filter: the
+/// features a ring-3 kernel cannot use (local APIC, MCE, MTRR, PAT, power
+/// and performance monitoring, PCID, the speculation-control MSRs,
+/// supervisor-only state), so that Linux never reaches for them.
+fn mask_cpuid(leaf: u32, sub: u32, a: &mut u32, b: &mut u32, c: &mut u32, d: &mut u32) {
+    let bits = |list: &[u32]| list.iter().fold(0u32, |m, &bit| m | 1 << bit);
+    match leaf {
+        1 => {
+            // MONITOR VMX SMX EST TM2 PDCM PCID DCA x2APIC TSC-deadline
+            *c &= !bits(&[3, 5, 6, 7, 8, 15, 17, 18, 21, 24]);
+            *c |= 1 << 31; // hypervisor
+            // MCE APIC MTRR MCA PAT DS ACPI TM PBE
+            *d &= !bits(&[7, 9, 12, 14, 16, 21, 22, 29, 31]);
+        }
+        6 | 0xa => (*a, *b, *c, *d) = (0, 0, 0, 0),
+        7 if sub == 0 => {
+            // HLE SMEP INVPCID RTM RDT-M MPX RDT-A SMAP PT
+            *b &= !bits(&[4, 7, 10, 11, 12, 14, 15, 20, 25]);
+            // UMIP PKU OSPKE WAITPKG CET-SS LA57 RDPID
+            *c &= !bits(&[2, 3, 4, 5, 7, 16, 22]);
+            // MD_CLEAR hybrid IBT SPEC_CTRL STIBP L1D_FLUSH ARCH_CAPS CORE_CAPS SSBD
+            *d &= !bits(&[10, 15, 20, 26, 27, 28, 29, 30, 31]);
+        }
+        // FRED LKGS LAM
+        7 if sub == 1 => *a &= !bits(&[17, 18, 26]),
+        // XSAVES
+        0xd if sub == 1 => *a &= !bits(&[3]),
+        // SVM
+        0x8000_0001 => {
+            *c &= !bits(&[2]);
+            // 1 GiB pages, RDTSCP
+            *d &= !bits(&[26, 27]);
+        }
+        // IBPB IBRS STIBP SSBD VIRT_SSBD
+        0x8000_0008 => *b &= !bits(&[12, 14, 15, 24, 25]),
+        _ => {}
+    }
+}
+
+const MSR_EFER: u32 = 0xc000_0080;
+const MSR_STAR: u32 = 0xc000_0081;
+const MSR_LSTAR: u32 = 0xc000_0082;
+const MSR_CSTAR: u32 = 0xc000_0083;
+const MSR_SYSCALL_MASK: u32 = 0xc000_0084;
+const MSR_FS_BASE: u32 = 0xc000_0100;
+const MSR_GS_BASE: u32 = 0xc000_0101;
+const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
+const MSR_IA32_SYSENTER_CS: u32 = 0x174;
+const MSR_IA32_SYSENTER_ESP: u32 = 0x175;
+const MSR_IA32_SYSENTER_EIP: u32 = 0x176;
+const MSR_IA32_CR_PAT: u32 = 0x277;
+
+/// EFER as the guest's kernel runs: SCE, LME, LMA, NXE.
+const VIRT_EFER: u64 = 0xd01;
+
+/// The MSRs the guest may read and write: the segment bases (which go to
+/// the host) and the ones a kernel sets at boot for a SYSCALL entry and a
+/// PAT the host owns (kept, and ignored).
+static FS_BASE: Cell64 = Cell64::new(0);
+static GS_BASE: Cell64 = Cell64::new(0);
+static KERNEL_GS_BASE: Cell64 = Cell64::new(0);
+static KEPT: [Cell64; 8] = [const { Cell64::new(0) }; 8];
+const KEPT_MSRS: [u32; 8] = [
+    MSR_STAR,
+    MSR_LSTAR,
+    MSR_CSTAR,
+    MSR_SYSCALL_MASK,
+    MSR_IA32_SYSENTER_CS,
+    MSR_IA32_SYSENTER_ESP,
+    MSR_IA32_SYSENTER_EIP,
+    MSR_IA32_CR_PAT,
+];
+
+/// The value of `msr`, or `None` for one the guest has not got.
+fn read_msr(msr: u32) -> Option<u64> {
+    match msr {
+        MSR_EFER => Some(VIRT_EFER),
+        MSR_FS_BASE => Some(FS_BASE.get()),
+        MSR_GS_BASE => Some(GS_BASE.get()),
+        MSR_KERNEL_GS_BASE => Some(KERNEL_GS_BASE.get()),
+        _ => KEPT_MSRS.iter().position(|&m| m == msr).map(|i| KEPT[i].get()),
+    }
+}
+
+/// Writes `msr`; `false` for one the guest has not got.
+fn write_msr(msr: u32, val: u64) -> bool {
+    let base = |cell: &Cell64, which| {
+        cell.set(val);
+        hcall(lhcall::SET_SEGMENT_BASE, which, val, 0);
+        true
+    };
+    match msr {
+        MSR_EFER => true,
+        MSR_FS_BASE => base(&FS_BASE, BASE_FS),
+        MSR_GS_BASE => base(&GS_BASE, BASE_GS),
+        MSR_KERNEL_GS_BASE => base(&KERNEL_GS_BASE, BASE_USER_GS),
+        _ => match KEPT_MSRS.iter().position(|&m| m == msr) {
+            Some(i) => {
+                KEPT[i].set(val);
+                true
+            }
+            None => false,
+        },
+    }
+}
+
+/// The kernel's -EIO, for the `_safe` MSR hooks.
+const EIO: c_int = 5;
+
+unsafe extern "C" fn lguest_read_msr(msr: u32) -> u64 {
+    read_msr(msr).unwrap_or(0)
+}
+
+unsafe extern "C" fn lguest_write_msr(msr: u32, val: u64) {
+    write_msr(msr, val);
+}
+
+unsafe extern "C" fn lguest_read_msr_safe(msr: u32, val: *mut u64) -> c_int {
+    let (v, err) = match read_msr(msr) {
+        Some(v) => (v, 0),
+        None => (0, -EIO),
+    };
+    // SAFETY: the kernel passes a valid pointer.
+    unsafe { *val = v };
+    err
+}
+
+unsafe extern "C" fn lguest_write_msr_safe(msr: u32, val: u64) -> c_int {
+    if write_msr(msr, val) {
+        0
+    } else {
+        -EIO
+    }
+}
+
+unsafe extern "C" fn lguest_read_pmc(_counter: c_int) -> u64 {
+    0
+}
+
+unsafe extern "C" fn lguest_get_debugreg(_regno: c_int) -> c_ulong {
+    0
+}
+
+unsafe extern "C" fn lguest_set_debugreg(_regno: c_int, _value: c_ulong) {}
+
+unsafe extern "C" fn lguest_read_cr0() -> c_ulong {
+    VIRT_CR0
+}
+
+unsafe extern "C" fn lguest_write_cr0(_value: c_ulong) {}
+
+unsafe extern "C" fn lguest_write_cr4(_value: c_ulong) {}
+
+unsafe extern "C" fn lguest_store_tr() -> c_ulong {
+    // GDT_ENTRY_TSS * 8: the kernel's own selector; the host owns the TR.
+    8 * 8
+}
+
+unsafe extern "C" fn lguest_load_sp0(sp0: c_ulong) {
+    // The host reads it when an event arrives in guest user mode.
+    ld_write!(kernel_sp0, sp0 as u64);
+}
+
+unsafe extern "C" fn lguest_write_gdt_entry(
+    dt: *mut bindings::desc_struct,
+    entry: c_int,
+    desc: *const c_void,
+    size: c_int,
+) {
+    // The host never loads the guest's GDT; keep it true for the kernel's
+    // own readers. SAFETY: the kernel's descriptor table and a descriptor of
+    // `size` bytes, as native_write_gdt_entry() copies.
+    unsafe { ptr::copy_nonoverlapping(desc.cast::<u8>(), dt.add(entry as usize).cast::<u8>(), size as usize) };
+}
+
+unsafe extern "C" fn lguest_write_idt_entry(dt: *mut bindings::gate_desc, entry: c_int, gate: *const bindings::gate_desc) {
+    let mut raw = [0u8; 16];
+    // SAFETY: `gate` is a 16-byte gate descriptor, `dt` the kernel's IDT of
+    // 256 of them (the native hook copies the same way).
+    unsafe {
+        ptr::copy_nonoverlapping(gate.cast::<u8>(), raw.as_mut_ptr(), 16);
+        ptr::copy_nonoverlapping(raw.as_ptr(), dt.add(entry as usize).cast::<u8>(), 16);
+    }
+    if HOST_VECTORS.contains(&entry) {
+        return;
+    }
+    let word = |at: usize| u64::from(u16::from_le_bytes([raw[at], raw[at + 1]]));
+    let high = u64::from(u32::from_le_bytes([raw[8], raw[9], raw[10], raw[11]]));
+    let handler = word(0) | word(6) << 16 | high << 32;
+    let bits = word(4);
+    let (kind, present) = ((bits >> 8) & 0x1f, bits & 0x8000 != 0);
+    // Only 64-bit interrupt (0xe) and trap (0xf) gates mean anything here;
+    // the IST index is the host's business (there are no stack switches).
+    if !present {
+        hcall(lhcall::LOAD_IDT_ENTRY, entry as u64, 0, 0xe);
+    } else if kind == 0xe || kind == 0xf {
+        hcall(lhcall::LOAD_IDT_ENTRY, entry as u64, handler, kind);
+    }
+}
+
+unsafe extern "C" fn lguest_nop() {}
+
+unsafe extern "C" fn lguest_load_table(_table: *const bindings::desc_ptr) {}
+
+unsafe extern "C" fn lguest_set_ldt(_desc: *const c_void, _entries: c_uint) {}
+
+/// No TLS descriptors: the guest is 64-bit only (no IA32 emulation).
+unsafe extern "C" fn lguest_load_tls(_t: *mut bindings::thread_struct, _cpu: c_uint) {}
+
+/// The guest's user GS is a base (`MSR_KERNEL_GS_BASE`), never a selector.
+unsafe extern "C" fn lguest_load_gs_index(_index: c_uint) {}
+
+/// No LDTs (MODIFY_LDT_SYSCALL is off).
+unsafe extern "C" fn lguest_ldt(_ldt: *mut bindings::desc_struct, _entries: c_uint) {}
+
+unsafe extern "C" fn lguest_write_ldt_entry(_ldt: *mut bindings::desc_struct, _entry: c_int, _desc: *const c_void) {}
+
+// ---- pv_ops.irq and pv_ops.mmu -------------------------------------------
+
+extern "C" {
+    fn lguest_save_fl();
+    fn lguest_irq_disable();
+    fn lguest_irq_enable();
+    fn lguest_read_cr2();
+}
+
+/// `hlt` with interrupts on: the host turns the virtual IF on and sleeps
+/// until an interrupt comes.
+unsafe extern "C" fn lguest_safe_halt() {
+    hcall(lhcall::HALT, 0, 0, 0);
+}
+
+/// `hlt`: with interrupts off nothing could wake the CPU, so the guest is
+/// over.
+unsafe extern "C" fn lguest_halt() {
+    if ld_read!(irq_enabled) == 0 {
+        shutdown(c"lguest: halted with interrupts off", SHUTDOWN_CRASH);
+    }
+    hcall(lhcall::HALT, 0, 0, 0);
+}
+
+/// The guest's CR3 as the kernel last wrote it.
+static CR3: Cell64 = Cell64::new(0);
+
+/// The address bits of CR3 (no PCIDs: the filtered CPUID hides them).
+const CR3_ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
+
+unsafe extern "C" fn lguest_read_cr3() -> c_ulong {
+    CR3.get() as c_ulong
+}
+
+unsafe extern "C" fn lguest_write_cr3(value: c_ulong) {
+    CR3.set(value as u64);
+    hcall(lhcall::NEW_PGTABLE, value as u64 & CR3_ADDR_MASK, 0, 0);
+}
+
+unsafe extern "C" fn lguest_write_cr2(value: c_ulong) {
+    ld_write!(cr2, value as u64);
+}
+
+unsafe extern "C" fn lguest_flush_tlb_user() {
+    hcall(lhcall::FLUSH_TLB, 0, 0, 0);
+}
+
+unsafe extern "C" fn lguest_flush_tlb_kernel() {
+    hcall(lhcall::FLUSH_TLB, 1, 0, 0);
+}
+
+unsafe extern "C" fn lguest_flush_tlb_one_user(addr: c_ulong) {
+    hcall(lhcall::INVLPG, addr as u64, 0, 0);
+}
+
+// ---- platform ------------------------------------------------------------
+
+unsafe extern "C" fn lguest_calibrate_tsc() -> c_ulong {
+    ld_read!(tsc_khz) as c_ulong
+}
+
+unsafe extern "C" fn lguest_get_wallclock(ts: *mut bindings::timespec64) {
+    let (sec, nsec) = (ld_read!(time_sec), ld_read!(time_nsec));
+    // SAFETY: the kernel passes a valid pointer.
+    unsafe {
+        (*ts).tv_sec = sec as _;
+        (*ts).tv_nsec = nsec as _;
+    }
+}
+
+unsafe extern "C" fn lguest_set_legacy_features() {
+    // No RTC, no i8042, no PnP BIOS: the guest's devices are on the lguest
+    // bus. SAFETY: x86_platform is the kernel's; boot is single-threaded.
+    unsafe {
+        let p = &raw mut bindings::x86_platform;
+        (*p).legacy.rtc = 0;
+        (*p).legacy.i8042 = bindings::x86_legacy_i8042_state_X86_LEGACY_I8042_PLATFORM_ABSENT;
+        (*p).legacy.devices.pnpbios = 0;
+    }
+}
+
+/// Ends the guest with the NUL-terminated message at `msg`, in the kernel
+/// image or the direct map (`LGUEST_SHUTDOWN_*` `reason`).
+fn shutdown_at(msg: *const u8, reason: u64) -> ! {
+    let pa = if msg as u64 >= START_KERNEL_MAP { pa_symbol(msg) } else { msg as u64 - PAGE_OFFSET };
+    loop {
+        hcall(lhcall::SHUTDOWN, pa, reason, 0);
+    }
+}
+
+/// Ends the guest with `msg`.
+fn shutdown(msg: &core::ffi::CStr, reason: u64) -> ! {
+    shutdown_at(msg.as_ptr().cast(), reason)
+}
+
+// ---- power: machine_ops and the panic notifier ---------------------------
+
+unsafe extern "C" fn lguest_power_off() {
+    shutdown(c"Power down", SHUTDOWN_POWEROFF);
+}
+
+unsafe extern "C" fn lguest_restart(_cmd: *mut c_char) {
+    shutdown(c"Restarting system", SHUTDOWN_RESTART);
+}
+
+unsafe extern "C" fn lguest_emergency_restart() {
+    shutdown(c"Restarting system", SHUTDOWN_RESTART);
+}
+
+/// The panic notifier: the launcher prints the message and exits with the
+/// crash status, instead of the kernel spinning in panic()'s loop.
+unsafe extern "C" fn lguest_panic(_nb: *mut bindings::notifier_block, _action: c_ulong, data: *mut c_void) -> c_int {
+    // `data` is panic()'s formatted message, NUL-terminated, in the image.
+    shutdown_at(data.cast::<u8>(), SHUTDOWN_CRASH)
+}
+
+struct Notifier(UnsafeCell<bindings::notifier_block>);
+
+// SAFETY: handed to the panic notifier chain once, at boot; the chain owns
+// it from then on.
+unsafe impl Sync for Notifier {}
+
+static PANIC_NOTIFIER: Notifier = Notifier(UnsafeCell::new(bindings::notifier_block {
+    notifier_call: Some(lguest_panic),
+    next: ptr::null_mut(),
+    priority: 0,
+}));
+
+// ---- the boot console ----------------------------------------------------
+
+/// A line buffer for `LHCALL_NOTIFY`, which takes a NUL-terminated string.
+struct LineBuf(UnsafeCell<[u8; 256]>);
+
+// SAFETY: the console's write callback runs under the console lock.
+unsafe impl Sync for LineBuf {}
+
+static LINE: LineBuf = LineBuf(UnsafeCell::new([0; 256]));
+
+/// `console.write`: the launcher prints every string sent with
+/// `LHCALL_NOTIFY` (its "hypercall console").
+unsafe extern "C" fn lguest_console_write(_con: *mut bindings::console, s: *const c_char, count: c_uint) {
+    // SAFETY: the kernel passes `count` bytes at `s`.
+    let text = unsafe { core::slice::from_raw_parts(s.cast::<u8>(), count as usize) };
+    let buf = LINE.0.get();
+    for chunk in text.chunks(255) {
+        // SAFETY: the buffer is ours under the console lock; a chunk is at
+        // most 255 bytes, so the NUL fits.
+        let line = unsafe { &mut *buf };
+        line[..chunk.len()].copy_from_slice(chunk);
+        line[chunk.len()] = 0;
+        hcall(lhcall::NOTIFY, pa_symbol(buf), 0, 0);
+    }
+}
+
+/// `struct console` for the hypercall console.
+struct Console(UnsafeCell<bindings::console>);
+
+// SAFETY: handed to register_console() once, at boot; the kernel owns it
+// from then on.
+unsafe impl Sync for Console {}
+
+// SAFETY: all-zero is a valid `struct console` (no callbacks, no name).
+static CONSOLE: Console = Console(UnsafeCell::new(unsafe { core::mem::zeroed() }));
+
+/// Registers the hypercall console, before start_kernel(): printk keeps
+/// everything in its buffer from the first message on and replays it to a
+/// console when one is registered, and this one needs nothing to work. It is
+/// also the early console (`early_printk()`, which the early exception
+/// handler uses).
+fn register_boot_console() {
+    let con = CONSOLE.0.get();
+    // SAFETY: the console is not registered yet, so it is ours.
+    unsafe {
+        for (i, &b) in b"lguest".iter().enumerate() {
+            (*con).name[i] = b;
+        }
+        (*con).write = Some(lguest_console_write);
+        (*con).flags = (bindings::cons_flags_CON_PRINTBUFFER | bindings::cons_flags_CON_ANYTIME) as i16;
+        (*con).index = -1;
+        *(&raw mut bindings::early_console) = con;
+        bindings::register_console(con);
+    }
+}
+
+// ---- the start -----------------------------------------------------------
+
+/// The first page-table level: one entry per 512 GiB.
+const PGD_SHIFT: u32 = 39;
+/// Where the direct map starts (4-level paging, no KASLR).
+const PAGE_OFFSET: u64 = 0xffff_8880_0000_0000;
+/// Present, writable, accessed, dirty: an intermediate kernel entry.
+const KERNPG_TABLE: u64 = 0x63;
+/// A 4 KiB kernel data page: KERNPG_TABLE, global, no-execute.
+const PAGE_KERNEL: u64 = 0x63 | 0x100 | 1 << 63;
+/// A 2 MiB kernel data page: PAGE_KERNEL and large.
+const PAGE_KERNEL_LARGE: u64 = PAGE_KERNEL | 0x80;
+/// The most RAM a guest has (LGUEST_MAX_MEM).
+const MAX_MEM: u64 = 4 << 30;
+/// `COMMAND_LINE_SIZE` on x86.
+const COMMAND_LINE_SIZE: usize = 2048;
+
+extern "C" {
+    /// `head_64.S`'s copy of the launcher's boot_params, made before the
+    /// host's linear map went.
+    static lguest_boot_params: [u8; 4096];
+}
+
+/// Page-table pages of the early direct map: a PUD page, a PMD page per
+/// GiB, and a PTE page for the end of RAM when it is not on a 2 MiB
+/// boundary (the host refuses a guest page that reaches past RAM).
+#[repr(C, align(4096))]
+struct Tables {
+    pud: [u64; 512],
+    pmd: [[u64; 512]; 4],
+    pte: [u64; 512],
+}
+
+struct EarlyTables(UnsafeCell<Tables>);
+
+// SAFETY: used once, at boot, before anything else runs.
+unsafe impl Sync for EarlyTables {}
+
+/// The early direct map. Init data: from `init_mem_mapping()` on, the
+/// kernel's own tables are used.
+#[link_section = ".init.data"]
+static EARLY_DMAP: EarlyTables =
+    EarlyTables(UnsafeCell::new(Tables { pud: [0; 512], pmd: [[0; 512]; 4], pte: [0; 512] }));
+
+/// Where RAM ends, from boot_params' e820 table.
+fn ram_end(page: &[u8; 4096]) -> u64 {
+    let u64_at = |at: usize| u64::from_le_bytes(page[at..at + 8].try_into().unwrap_or([0; 8]));
+    let entries = usize::from(page[0x1e8]).min(128);
+    let mut end = 0;
+    for i in 0..entries {
+        let at = 0x2d0 + 20 * i;
+        let ty = u32::from_le_bytes(page[at + 16..at + 20].try_into().unwrap_or([0; 4]));
+        if ty == 1 {
+            end = end.max(u64_at(at).saturating_add(u64_at(at + 8)));
+        }
+    }
+    end.min(MAX_MEM) & !0xfff
+}
+
+/// Maps `[0, end)` at PAGE_OFFSET in `early_top_pgt`, as the native boot's
+/// early page-fault handler would on demand (that handler reads CR2 with a
+/// `mov`, which ring 3 cannot).
+fn early_direct_map(end: u64) {
+    const MB2: u64 = 2 << 20;
+    let t = EARLY_DMAP.0.get();
+    // SAFETY: the tables are ours until init_mem_mapping() replaces them;
+    // early_top_pgt is the kernel's, not in use yet.
+    unsafe {
+        let tables = &mut *t;
+        let pte_pa = pa_symbol(tables.pte.as_ptr());
+        for gib in 0..4usize {
+            let pmd_pa = pa_symbol(tables.pmd[gib].as_ptr());
+            tables.pud[gib] = pmd_pa | KERNPG_TABLE;
+            for j in 0..512usize {
+                let pa = (gib as u64) << 30 | (j as u64) << 21;
+                if pa + MB2 <= end {
+                    tables.pmd[gib][j] = pa | PAGE_KERNEL_LARGE;
+                } else if pa < end {
+                    for k in 0..((end - pa) >> 12) as usize {
+                        tables.pte[k] = (pa + ((k as u64) << 12)) | PAGE_KERNEL;
+                    }
+                    tables.pmd[gib][j] = pte_pa | KERNPG_TABLE;
+                }
+            }
+        }
+        let pgd = (&raw mut bindings::early_top_pgt).cast::<u64>();
+        let slot = ((PAGE_OFFSET >> PGD_SHIFT) & 511) as usize;
+        *pgd.add(slot) = pa_symbol(tables.pud.as_ptr()) | KERNPG_TABLE;
+        // x86_64_start_kernel() does this for the native boot.
+        let init = (&raw mut bindings::init_top_pgt).cast::<u64>();
+        *init.add(511) = *pgd.add(511);
+    }
+}
+
+/// Fills `pv_ops`, `pv_info` and the platform hooks.
+fn install_hooks() {
+    // SAFETY: boot is single-threaded and nothing has used these yet; every
+    // function stored matches its hook's C signature (the compiler checks
+    // the Rust ones against the bindings; the asm ones follow the
+    // callee-save convention PV_CALLEE_SAVE expects).
+    unsafe {
+        let info = &raw mut bindings::pv_info;
+        (*info).name = c"lguest".as_ptr().cast();
+        (*info).extra_user_64bit_cs = 0x33;
+        (*info).io_delay = false;
+
+        let ops = &raw mut bindings::pv_ops;
+        let cpu = &mut (*ops).cpu;
+        cpu.cpuid = Some(lguest_cpuid);
+        cpu.read_msr = Some(lguest_read_msr);
+        cpu.write_msr = Some(lguest_write_msr);
+        cpu.read_msr_safe = Some(lguest_read_msr_safe);
+        cpu.write_msr_safe = Some(lguest_write_msr_safe);
+        cpu.read_pmc = Some(lguest_read_pmc);
+        cpu.get_debugreg = Some(lguest_get_debugreg);
+        cpu.set_debugreg = Some(lguest_set_debugreg);
+        cpu.read_cr0 = Some(lguest_read_cr0);
+        cpu.write_cr0 = Some(lguest_write_cr0);
+        cpu.write_cr4 = Some(lguest_write_cr4);
+        cpu.store_tr = Some(lguest_store_tr);
+        cpu.load_sp0 = Some(lguest_load_sp0);
+        cpu.write_gdt_entry = Some(lguest_write_gdt_entry);
+        cpu.write_idt_entry = Some(lguest_write_idt_entry);
+        // The host owns the GDT, IDT, TR and LDT: loading them is nothing.
+        cpu.load_tr_desc = Some(lguest_nop);
+        cpu.load_gdt = Some(lguest_load_table);
+        cpu.load_idt = Some(lguest_load_table);
+        cpu.set_ldt = Some(lguest_set_ldt);
+        cpu.load_tls = Some(lguest_load_tls);
+        cpu.load_gs_index = Some(lguest_load_gs_index);
+        cpu.alloc_ldt = Some(lguest_ldt);
+        cpu.free_ldt = Some(lguest_ldt);
+        cpu.write_ldt_entry = Some(lguest_write_ldt_entry);
+
+        let irq = &mut (*ops).irq;
+        irq.save_fl.func = lguest_save_fl as *mut c_void;
+        irq.irq_disable.func = lguest_irq_disable as *mut c_void;
+        irq.irq_enable.func = lguest_irq_enable as *mut c_void;
+        irq.safe_halt = Some(lguest_safe_halt);
+        irq.halt = Some(lguest_halt);
+
+        let mmu = &mut (*ops).mmu;
+        mmu.read_cr2.func = lguest_read_cr2 as *mut c_void;
+        mmu.write_cr2 = Some(lguest_write_cr2);
+        mmu.read_cr3 = Some(lguest_read_cr3);
+        mmu.write_cr3 = Some(lguest_write_cr3);
+        mmu.flush_tlb_user = Some(lguest_flush_tlb_user);
+        mmu.flush_tlb_kernel = Some(lguest_flush_tlb_kernel);
+        mmu.flush_tlb_one_user = Some(lguest_flush_tlb_one_user);
+
+        let init = &raw mut bindings::x86_init;
+        (*init).irqs.intr_mode_select = Some(bindings::x86_init_noop);
+        (*init).irqs.intr_mode_init = Some(bindings::x86_init_noop);
+
+        let platform = &raw mut bindings::x86_platform;
+        (*platform).calibrate_tsc = Some(lguest_calibrate_tsc);
+        (*platform).calibrate_cpu = Some(lguest_calibrate_tsc);
+        (*platform).get_wallclock = Some(lguest_get_wallclock);
+        (*platform).realmode_reserve = Some(bindings::x86_init_noop);
+        (*platform).realmode_init = Some(bindings::x86_init_noop);
+        (*platform).set_legacy_features = Some(lguest_set_legacy_features);
+
+        let machine = &raw mut bindings::machine_ops;
+        (*machine).power_off = Some(lguest_power_off);
+        (*machine).halt = Some(lguest_power_off);
+        (*machine).restart = Some(lguest_restart);
+        (*machine).emergency_restart = Some(lguest_emergency_restart);
+        *(&raw mut bindings::pm_power_off) = Some(lguest_power_off);
+    }
+}
+
+/// Called by `lguest_entry` on the init task's stack, at the image's linked
+/// address, once it has copied the launcher's boot_params to
+/// `lguest_boot_params`.
+#[no_mangle]
+#[link_section = ".init.text"]
+pub unsafe extern "C" fn lguest_start_kernel() -> ! {
+    // SAFETY: nothing has used the BSS yet (LGUEST_DATA and the boot_params
+    // copy are in .data).
+    unsafe { bindings::clear_bss() };
+    install_hooks();
+    // SAFETY: C globals of the kernel's (a bool, boot_params, of 4096
+    // bytes); boot is single-threaded; the copy is head_64.S's.
+    let bp = unsafe {
+        *(&raw mut bindings::early_boot_irqs_disabled) = true;
+        let bp = &raw mut bindings::boot_params;
+        ptr::copy_nonoverlapping(lguest_boot_params.as_ptr(), bp.cast::<u8>(), 4096);
+        &*(bp.cast::<[u8; 4096]>())
+    };
+    early_direct_map(ram_end(bp));
+    // SAFETY: early_top_pgt now maps the kernel image (slot 511, as the
+    // boot table did) and all RAM at PAGE_OFFSET; this code runs in the
+    // image. The identity map of the boot table goes with this write.
+    unsafe { lguest_write_cr3(pa_symbol((&raw const bindings::early_top_pgt).cast::<u8>()) as c_ulong) };
+    // The command line, through the direct map (copy_bootdata() does this
+    // in the native boot; x86_64_start_reservations() skips it as
+    // boot_params is already filled in).
+    let cmd_line = u64::from(u32::from_le_bytes([bp[0x228], bp[0x229], bp[0x22a], bp[0x22b]]));
+    if cmd_line != 0 {
+        // SAFETY: the launcher's command line, NUL-terminated in RAM, which
+        // the direct map now maps; boot_command_line holds COMMAND_LINE_SIZE.
+        unsafe {
+            let src = (PAGE_OFFSET + cmd_line) as *const u8;
+            let dst = (&raw mut bindings::boot_command_line).cast::<u8>();
+            let mut i = 0;
+            while i < COMMAND_LINE_SIZE - 1 && *src.add(i) != 0 {
+                *dst.add(i) = *src.add(i);
+                i += 1;
+            }
+            *dst.add(i) = 0;
+        }
+    }
+    // SAFETY: the early exception handlers, installed through the
+    // write_idt_entry hook; then the native boot, which calls
+    // start_kernel().
+    register_boot_console();
+    unsafe {
+        bindings::atomic_notifier_chain_register(&raw mut bindings::panic_notifier_list, PANIC_NOTIFIER.0.get());
+        bindings::idt_setup_early_handler();
+        bindings::x86_64_start_reservations(pa_symbol((&raw const bindings::boot_params).cast::<u8>()) as *mut c_char)
+    }
+}
