@@ -152,14 +152,21 @@ fn fetch(cx: &Ctx<'_>, rip: u64, code: &mut [u8; 15]) -> Option<usize> {
 
 /// CPUID for the guest, with EAX and ECX in `r` its leaf and subleaf: the
 /// four results from `table`, or from the host CPU if it is empty. As on
-/// hardware, the upper halves of the four registers are cleared.
-fn cpuid(r: &mut LguestRegs, table: &[LguestCpuidEntry]) {
+/// hardware, the upper halves of the four registers are cleared, and leaf
+/// 0xD's EBX is the XSAVE size for the vCPU's XCR0 `xcr0` (not the host's).
+fn cpuid(r: &mut LguestRegs, table: &[LguestCpuidEntry], xcr0: u64) {
     let (leaf, subleaf) = (r.rax as u32, r.rcx as u32);
-    let v = if table.is_empty() {
-        helpers::cpuid(leaf, subleaf)
-    } else {
-        uapi::cpuid_lookup(table, leaf, subleaf)
+    let lookup = |leaf, subleaf| {
+        if table.is_empty() {
+            helpers::cpuid(leaf, subleaf)
+        } else {
+            uapi::cpuid_lookup(table, leaf, subleaf)
+        }
     };
+    let mut v = lookup(leaf, subleaf);
+    if leaf == 0xd && subleaf == 0 {
+        v[1] = uapi::xsave_size(xcr0, |i| lookup(0xd, i));
+    }
     r.rax = v[0].into();
     r.rbx = v[1].into();
     r.rcx = v[2].into();
@@ -184,8 +191,9 @@ pub(crate) fn forced(cx: &mut Ctx<'_>) -> bool {
     }
     match decode(&code[P..n]) {
         Some((Insn::Cpuid, len)) => {
+            let xcr0 = cx.vcpu.xcr0;
             let r = &mut cx.vcpu.cpu.regs;
-            cpuid(r, cx.cpuid);
+            cpuid(r, cx.cpuid, xcr0);
             r.rip = rip + (P + len) as u64;
             true
         }
@@ -249,7 +257,7 @@ pub(crate) fn privileged(cx: &mut Ctx<'_>) -> Result<bool, Kill> {
             };
             *slot = value;
         }
-        Insn::Cpuid => cpuid(r, cx.cpuid),
+        Insn::Cpuid => cpuid(r, cx.cpuid, v.xcr0),
         Insn::Xsetbv => {
             let value = (r.rdx << 32) | (r.rax & 0xffff_ffff);
             if r.rcx & 0xffff_ffff != 0 || !xcr0_valid(value, allowed) {

@@ -275,6 +275,24 @@ pub const fn cpuid_lookup(table: &[LguestCpuidEntry], leaf: u32, subleaf: u32) -
     [0; 4]
 }
 
+/// CPUID leaf 0xD, subleaf 0, EBX as hardware computes it: the bytes an
+/// XSAVE area needs for the state components enabled in `xcr0` (the legacy
+/// area and the header, 576 bytes, and every enabled component from 2 up,
+/// at the offset and size `leaf_d` gives for its subleaf). A table's EBX is
+/// the host's value for the host's XCR0; a guest kernel that enables fewer
+/// components (Linux: those it supports) checks the size it computes
+/// against this one and turns XSAVE off if they differ.
+pub fn xsave_size(xcr0: u64, leaf_d: impl Fn(u32) -> [u32; 4]) -> u32 {
+    let mut size = 576;
+    for i in 2..63 {
+        if xcr0 & (1 << i) != 0 {
+            let [len, offset, _, _] = leaf_d(i);
+            size = size.max(offset.saturating_add(len));
+        }
+    }
+    size
+}
+
 /// The most memory a guest may have (4 GiB): guest-physical addresses stay
 /// far below the switcher, and the initial linear map stays small.
 pub const LGUEST_MAX_MEM: u64 = 4 << 30;

@@ -96,3 +96,21 @@ fn prefix_is_ud2_and_lgu() {
         abi::LGUEST_EMULATE_PREFIX_LEN
     );
 }
+
+/// Leaf 0xD's EBX follows XCR0: the legacy area and header alone, then the
+/// end of the furthest enabled component (the layout of a CPU with AVX at
+/// 576, MPX at 960 and 1024, PKRU at 2688, as QEMU's "max" CPU has it).
+#[test]
+fn xsave_size_follows_xcr0() {
+    let leaf_d = |i: u32| match i {
+        2 => [256, 576, 0, 0],
+        3 => [64, 960, 0, 0],
+        4 => [64, 1024, 0, 0],
+        9 => [8, 2688, 0, 0],
+        _ => [0; 4],
+    };
+    assert_eq!(abi::xsave_size(0x3, leaf_d), 576);
+    assert_eq!(abi::xsave_size(0x7, leaf_d), 832);
+    assert_eq!(abi::xsave_size(0x21f, leaf_d), 2696);
+    assert_eq!(abi::xsave_size(0x207, leaf_d), 2696);
+}

@@ -19,11 +19,13 @@
 #include <asm/pgtable_64_types.h>
 #include <asm/processor-flags.h>
 #include <asm/unwind_hints.h>
+#include <../entry/calling.h>
 
 #define LGUEST_TRAP_ENTRY		0x1f
 #define LHCALL_LGUEST_INIT		1
 #define LHCALL_NEW_PGTABLE		4
 #define LHCALL_SEND_INTERRUPTS		19
+#define LHCALL_IRET			23
 #define LGUEST_INIT_LINUX_FRAMES	1
 #define LGUEST_INIT_TLB_SHADOWS		2
 #define LGUEST_ELFNOTE_ENTRY		1
@@ -156,6 +158,40 @@ SYM_FUNC_START(lguest_irq_enable)
 	int	$LGUEST_TRAP_ENTRY
 	jmp	.Lcheck
 SYM_FUNC_END(lguest_irq_enable)
+
+/*
+ * The kernel's iretq. Every frame the host builds is Linux-shaped (CS
+ * 0x10 for an event in kernel mode), which ring 3 cannot load with an
+ * iretq: the guest leaves every frame with LHCALL_IRET, which takes RAX
+ * pushed below the frame and restores the rest in one step, the frame's
+ * IF becoming irq_enabled. lguest_start_kernel() points the kernel's
+ * early_pv_iret_patch (restore_regs_and_return_to_kernel) here, as Xen
+ * points it at xen_iret; the return to user mode comes through
+ * lguest_restore_regs_and_return_to_usermode.
+ */
+SYM_CODE_START(lguest_iret)
+	UNWIND_HINT_UNDEFINED
+	ANNOTATE_NOENDBR
+	pushq	%rax
+	movl	$LHCALL_IRET, %eax
+	int	$LGUEST_TRAP_ENTRY
+	ud2			/* LHCALL_IRET does not come back */
+SYM_CODE_END(lguest_iret)
+
+/*
+ * The return to user mode (the X86_FEATURE_LGUEST alternative in
+ * swapgs_restore_regs_and_return_to_usermode): no swapgs and no stack
+ * switch, as for Xen PV (xenpv_restore_regs_and_return_to_usermode); the
+ * host switches the GS base with the mode.
+ */
+SYM_CODE_START(lguest_restore_regs_and_return_to_usermode)
+	UNWIND_HINT_REGS
+	ANNOTATE_NOENDBR
+	POP_REGS
+	STACKLEAK_ERASE_NOCLOBBER
+	addq	$8, %rsp	/* regs->orig_ax */
+	jmp	lguest_iret
+SYM_CODE_END(lguest_restore_regs_and_return_to_usermode)
 
 /* pv_ops.mmu.read_cr2: the host writes the fault address before it delivers a #PF. */
 SYM_FUNC_START(lguest_read_cr2)

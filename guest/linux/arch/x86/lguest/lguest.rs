@@ -16,9 +16,9 @@
 //! `include/uapi/linux/lguest.h`.
 
 use core::cell::UnsafeCell;
-use kernel::ffi::{c_char, c_int, c_uint, c_ulong, c_void};
 use core::mem::offset_of;
 use core::ptr;
+use kernel::ffi::{c_char, c_int, c_uint, c_ulong, c_void};
 
 use kernel::bindings;
 
@@ -182,7 +182,12 @@ const VIRT_CR0: c_ulong = 0x8005_0033;
 /// KVM's forced-emulation prefix (`ud2; "kvm"`, which objtool decodes as a
 /// prefix; the host takes it as its own `"lgu"`): the host answers the `cpuid`
 /// after it from the launcher's table, on any host.
-unsafe extern "C" fn lguest_cpuid(eax: *mut c_uint, ebx: *mut c_uint, ecx: *mut c_uint, edx: *mut c_uint) {
+unsafe extern "C" fn lguest_cpuid(
+    eax: *mut c_uint,
+    ebx: *mut c_uint,
+    ecx: *mut c_uint,
+    edx: *mut c_uint,
+) {
     // SAFETY: the kernel passes four valid pointers.
     let (leaf, sub) = unsafe { (*eax, *ecx) };
     let (mut a, mut b, mut c, mut d): (u32, u32, u32, u32);
@@ -222,7 +227,8 @@ fn mask_cpuid(leaf: u32, sub: u32, a: &mut u32, b: &mut u32, c: &mut u32, d: &mu
         1 => {
             // MONITOR VMX SMX EST TM2 PDCM PCID DCA x2APIC TSC-deadline
             *c &= !bits(&[3, 5, 6, 7, 8, 15, 17, 18, 21, 24]);
-            *c |= 1 << 31; // hypervisor
+            // the hypervisor bit
+            *c |= 1 << 31;
             // MCE APIC MTRR MCA PAT DS ACPI TM PBE
             *d &= !bits(&[7, 9, 12, 14, 16, 21, 22, 29, 31]);
         }
@@ -292,7 +298,10 @@ fn read_msr(msr: u32) -> Option<u64> {
         MSR_FS_BASE => Some(FS_BASE.get()),
         MSR_GS_BASE => Some(GS_BASE.get()),
         MSR_KERNEL_GS_BASE => Some(KERNEL_GS_BASE.get()),
-        _ => KEPT_MSRS.iter().position(|&m| m == msr).map(|i| KEPT[i].get()),
+        _ => KEPT_MSRS
+            .iter()
+            .position(|&m| m == msr)
+            .map(|i| KEPT[i].get()),
     }
 }
 
@@ -384,10 +393,20 @@ unsafe extern "C" fn lguest_write_gdt_entry(
     // The host never loads the guest's GDT; keep it true for the kernel's
     // own readers. SAFETY: the kernel's descriptor table and a descriptor of
     // `size` bytes, as native_write_gdt_entry() copies.
-    unsafe { ptr::copy_nonoverlapping(desc.cast::<u8>(), dt.add(entry as usize).cast::<u8>(), size as usize) };
+    unsafe {
+        ptr::copy_nonoverlapping(
+            desc.cast::<u8>(),
+            dt.add(entry as usize).cast::<u8>(),
+            size as usize,
+        )
+    };
 }
 
-unsafe extern "C" fn lguest_write_idt_entry(dt: *mut bindings::gate_desc, entry: c_int, gate: *const bindings::gate_desc) {
+unsafe extern "C" fn lguest_write_idt_entry(
+    dt: *mut bindings::gate_desc,
+    entry: c_int,
+    gate: *const bindings::gate_desc,
+) {
     let mut raw = [0u8; 16];
     // SAFETY: `gate` is a 16-byte gate descriptor, `dt` the kernel's IDT of
     // 256 of them (the native hook copies the same way).
@@ -427,7 +446,12 @@ unsafe extern "C" fn lguest_load_gs_index(_index: c_uint) {}
 /// No LDTs (MODIFY_LDT_SYSCALL is off).
 unsafe extern "C" fn lguest_ldt(_ldt: *mut bindings::desc_struct, _entries: c_uint) {}
 
-unsafe extern "C" fn lguest_write_ldt_entry(_ldt: *mut bindings::desc_struct, _entry: c_int, _desc: *const c_void) {}
+unsafe extern "C" fn lguest_write_ldt_entry(
+    _ldt: *mut bindings::desc_struct,
+    _entry: c_int,
+    _desc: *const c_void,
+) {
+}
 
 // ---- pv_ops.irq and pv_ops.mmu -------------------------------------------
 
@@ -440,8 +464,16 @@ extern "C" {
 
 /// `hlt` with interrupts on: the host turns the virtual IF on and sleeps
 /// until an interrupt comes.
+///
+/// The backend has no clock-event device yet, so the first halt, the idle
+/// loop's once `rest_init()` has started the first threads, would sleep
+/// for ever (no timer interrupt, no device interrupt the kernel listens
+/// to): it ends the guest instead, saying why.
 unsafe extern "C" fn lguest_safe_halt() {
-    hcall(lhcall::HALT, 0, 0, 0);
+    shutdown(
+        c"lguest: the CPU went idle, and there is no clock-event device to wake it yet",
+        SHUTDOWN_CRASH,
+    );
 }
 
 /// `hlt`: with interrupts off nothing could wake the CPU, so the guest is
@@ -513,7 +545,11 @@ unsafe extern "C" fn lguest_set_legacy_features() {
 /// Ends the guest with the NUL-terminated message at `msg`, in the kernel
 /// image or the direct map (`LGUEST_SHUTDOWN_*` `reason`).
 fn shutdown_at(msg: *const u8, reason: u64) -> ! {
-    let pa = if msg as u64 >= START_KERNEL_MAP { pa_symbol(msg) } else { msg as u64 - PAGE_OFFSET };
+    let pa = if msg as u64 >= START_KERNEL_MAP {
+        pa_symbol(msg)
+    } else {
+        msg as u64 - PAGE_OFFSET
+    };
     loop {
         hcall(lhcall::SHUTDOWN, pa, reason, 0);
     }
@@ -540,7 +576,11 @@ unsafe extern "C" fn lguest_emergency_restart() {
 
 /// The panic notifier: the launcher prints the message and exits with the
 /// crash status, instead of the kernel spinning in panic()'s loop.
-unsafe extern "C" fn lguest_panic(_nb: *mut bindings::notifier_block, _action: c_ulong, data: *mut c_void) -> c_int {
+unsafe extern "C" fn lguest_panic(
+    _nb: *mut bindings::notifier_block,
+    _action: c_ulong,
+    data: *mut c_void,
+) -> c_int {
     // `data` is panic()'s formatted message, NUL-terminated, in the image.
     shutdown_at(data.cast::<u8>(), SHUTDOWN_CRASH)
 }
@@ -569,7 +609,11 @@ static LINE: LineBuf = LineBuf(UnsafeCell::new([0; 256]));
 
 /// `console.write`: the launcher prints every string sent with
 /// `LHCALL_NOTIFY` (its "hypercall console").
-unsafe extern "C" fn lguest_console_write(_con: *mut bindings::console, s: *const c_char, count: c_uint) {
+unsafe extern "C" fn lguest_console_write(
+    _con: *mut bindings::console,
+    s: *const c_char,
+    count: c_uint,
+) {
     // SAFETY: the kernel passes `count` bytes at `s`.
     let text = unsafe { core::slice::from_raw_parts(s.cast::<u8>(), count as usize) };
     let buf = LINE.0.get();
@@ -606,7 +650,8 @@ fn register_boot_console() {
             (*con).name[i] = b;
         }
         (*con).write = Some(lguest_console_write);
-        (*con).flags = (bindings::cons_flags_CON_PRINTBUFFER | bindings::cons_flags_CON_ANYTIME) as i16;
+        (*con).flags =
+            (bindings::cons_flags_CON_PRINTBUFFER | bindings::cons_flags_CON_ANYTIME) as i16;
         (*con).index = -1;
         *(&raw mut bindings::early_console) = con;
         bindings::register_console(con);
@@ -654,8 +699,11 @@ unsafe impl Sync for EarlyTables {}
 /// The early direct map. Init data: from `init_mem_mapping()` on, the
 /// kernel's own tables are used.
 #[link_section = ".init.data"]
-static EARLY_DMAP: EarlyTables =
-    EarlyTables(UnsafeCell::new(Tables { pud: [0; 512], pmd: [[0; 512]; 4], pte: [0; 512] }));
+static EARLY_DMAP: EarlyTables = EarlyTables(UnsafeCell::new(Tables {
+    pud: [0; 512],
+    pmd: [[0; 512]; 4],
+    pte: [0; 512],
+}));
 
 /// Where RAM ends, from boot_params' e820 table.
 fn ram_end(page: &[u8; 4096]) -> u64 {
@@ -784,6 +832,48 @@ fn install_hooks() {
     }
 }
 
+/// The synthetic CPU features of the x86 core patch
+/// (`patches/0003-x86-the-pv-ring3-feature.patch`, `cpufeatures.h`).
+const X86_FEATURE_LGUEST: usize = 3 * 32 + 7;
+const X86_FEATURE_PV_RING3: usize = 8 * 32 + 20;
+
+/// `setup_force_cpu_cap()` (a C macro): the feature in `boot_cpu_data` and
+/// in the forced set that every later CPU identification applies again.
+fn force_cpu_cap(bit: usize) {
+    // SAFETY: kernel globals, as set_cpu_cap() writes them; boot is
+    // single-threaded. Both arrays are u32 words of NCAPINTS, which the
+    // bit is within (word 3 and 8); x86_capability, in an anonymous union,
+    // is found by its asm-offsets offset.
+    unsafe {
+        let caps = (&raw mut bindings::boot_cpu_data)
+            .cast::<u8>()
+            .add(bindings::CPUINFO_x86_capability as usize)
+            .cast::<u32>();
+        *caps.add(bit / 32) |= 1 << (bit % 32);
+        let set = (&raw mut bindings::cpu_caps_set).cast::<u32>();
+        *set.add(bit / 32) |= 1 << (bit % 32);
+    }
+}
+
+extern "C" {
+    /// The 5-byte `jmp` at the end of `restore_regs_and_return_to_kernel`.
+    static mut early_pv_iret_patch: [u8; 5];
+    fn lguest_iret();
+}
+
+/// Points the kernel's return from an exception at [`lguest_iret`]: a
+/// `jmp rel32`, written as Xen's `xen_start_kernel()` writes its own, before
+/// any exception can be taken (the kernel text is still writable).
+fn patch_iret() {
+    let at = (&raw mut early_pv_iret_patch).cast::<u8>();
+    let rel = (lguest_iret as *const () as i64 - (at as i64 + 5)) as i32;
+    let mut insn = [0xe9u8; 5];
+    insn[1..].copy_from_slice(&rel.to_le_bytes());
+    // SAFETY: the five bytes of the kernel's own patch site, in the image
+    // (mapped writable by the boot page table); nothing executes them yet.
+    unsafe { ptr::copy_nonoverlapping(insn.as_ptr(), at, 5) };
+}
+
 /// Called by `lguest_entry` on the init task's stack, at the image's linked
 /// address, once it has copied the launcher's boot_params to
 /// `lguest_boot_params`.
@@ -793,6 +883,9 @@ pub unsafe extern "C" fn lguest_start_kernel() -> ! {
     // SAFETY: nothing has used the BSS yet (LGUEST_DATA and the boot_params
     // copy are in .data).
     unsafe { bindings::clear_bss() };
+    patch_iret();
+    force_cpu_cap(X86_FEATURE_LGUEST);
+    force_cpu_cap(X86_FEATURE_PV_RING3);
     install_hooks();
     // SAFETY: C globals of the kernel's (a bool, boot_params, of 4096
     // bytes); boot is single-threaded; the copy is head_64.S's.
@@ -806,11 +899,15 @@ pub unsafe extern "C" fn lguest_start_kernel() -> ! {
     // SAFETY: early_top_pgt now maps the kernel image (slot 511, as the
     // boot table did) and all RAM at PAGE_OFFSET; this code runs in the
     // image. The identity map of the boot table goes with this write.
-    unsafe { lguest_write_cr3(pa_symbol((&raw const bindings::early_top_pgt).cast::<u8>()) as c_ulong) };
+    unsafe {
+        lguest_write_cr3(pa_symbol((&raw const bindings::early_top_pgt).cast::<u8>()) as c_ulong)
+    };
     // The command line, through the direct map (copy_bootdata() does this
     // in the native boot; x86_64_start_reservations() skips it as
     // boot_params is already filled in).
-    let cmd_line = u64::from(u32::from_le_bytes([bp[0x228], bp[0x229], bp[0x22a], bp[0x22b]]));
+    let cmd_line = u64::from(u32::from_le_bytes([
+        bp[0x228], bp[0x229], bp[0x22a], bp[0x22b],
+    ]));
     if cmd_line != 0 {
         // SAFETY: the launcher's command line, NUL-terminated in RAM, which
         // the direct map now maps; boot_command_line holds COMMAND_LINE_SIZE.
@@ -830,8 +927,13 @@ pub unsafe extern "C" fn lguest_start_kernel() -> ! {
     // start_kernel().
     register_boot_console();
     unsafe {
-        bindings::atomic_notifier_chain_register(&raw mut bindings::panic_notifier_list, PANIC_NOTIFIER.0.get());
+        bindings::atomic_notifier_chain_register(
+            &raw mut bindings::panic_notifier_list,
+            PANIC_NOTIFIER.0.get(),
+        );
         bindings::idt_setup_early_handler();
-        bindings::x86_64_start_reservations(pa_symbol((&raw const bindings::boot_params).cast::<u8>()) as *mut c_char)
+        bindings::x86_64_start_reservations(pa_symbol(
+            (&raw const bindings::boot_params).cast::<u8>(),
+        ) as *mut c_char)
     }
 }
