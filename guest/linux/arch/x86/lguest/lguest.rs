@@ -922,10 +922,10 @@ pub unsafe extern "C" fn lguest_start_kernel() -> ! {
             *dst.add(i) = 0;
         }
     }
-    // SAFETY: the early exception handlers, installed through the
-    // write_idt_entry hook; then the native boot, which calls
-    // start_kernel().
     register_boot_console();
+    // SAFETY: the panic notifier, a static the chain keeps; the early
+    // exception handlers, installed through the write_idt_entry hook; then
+    // the native boot, which calls start_kernel().
     unsafe {
         bindings::atomic_notifier_chain_register(
             &raw mut bindings::panic_notifier_list,
