@@ -99,13 +99,18 @@ pub(crate) struct RunExit<'a> {
     pub(crate) notify_addr: u64,
     pub(crate) notify_arg: u64,
     pub(crate) shutdown_reason: u64,
-    pub(crate) stat_exits: u64,
-    pub(crate) stat_hypercalls: u64,
-    pub(crate) stat_shadow_pages: u64,
-    pub(crate) stat_fpu_entries: u64,
-    pub(crate) stat_global_flushes: u64,
+    pub(crate) stats: RunStats,
     /// Cut to `LGUEST_MESSAGE_LEN - 1` bytes and NUL-terminated.
     pub(crate) message: &'a [u8],
+}
+
+/// A vCPU's counters, as the run page shows them (`uapi::LguestRun`).
+pub(crate) struct RunStats {
+    pub(crate) exits: u64,
+    pub(crate) hypercalls: u64,
+    pub(crate) shadow_pages: u64,
+    pub(crate) fpu_entries: u64,
+    pub(crate) global_flushes: u64,
 }
 
 /// A page used as a vCPU's run page, shared with the launcher (which may
@@ -136,16 +141,29 @@ impl HostPage {
             core::ptr::addr_of_mut!((*r).notify_addr).write_volatile(e.notify_addr);
             core::ptr::addr_of_mut!((*r).notify_arg).write_volatile(e.notify_arg);
             core::ptr::addr_of_mut!((*r).shutdown_reason).write_volatile(e.shutdown_reason);
-            core::ptr::addr_of_mut!((*r).stat_exits).write_volatile(e.stat_exits);
-            core::ptr::addr_of_mut!((*r).stat_hypercalls).write_volatile(e.stat_hypercalls);
-            core::ptr::addr_of_mut!((*r).stat_shadow_pages).write_volatile(e.stat_shadow_pages);
-            core::ptr::addr_of_mut!((*r).stat_fpu_entries).write_volatile(e.stat_fpu_entries);
-            core::ptr::addr_of_mut!((*r).stat_global_flushes).write_volatile(e.stat_global_flushes);
             let msg = core::ptr::addr_of_mut!((*r).message).cast::<u8>();
             for (i, &b) in e.message[..n].iter().enumerate() {
                 msg.add(i).write_volatile(b);
             }
             msg.add(n).write_volatile(0);
+        }
+        self.run_write_stats(&e.stats);
+    }
+
+    /// Writes the counters into the run page: on every return from RUN,
+    /// an exit's or a signal's (SIGUSR1's dump reads them while the guest
+    /// runs on).
+    pub(crate) fn run_write_stats(&self, s: &RunStats) {
+        let r = self.run_ptr();
+        // SAFETY: `r` points to our page (see `run_immediate_exit`); each
+        // field is written with a volatile store as the launcher may read it
+        // concurrently (it only should after RUN returns).
+        unsafe {
+            core::ptr::addr_of_mut!((*r).stat_exits).write_volatile(s.exits);
+            core::ptr::addr_of_mut!((*r).stat_hypercalls).write_volatile(s.hypercalls);
+            core::ptr::addr_of_mut!((*r).stat_shadow_pages).write_volatile(s.shadow_pages);
+            core::ptr::addr_of_mut!((*r).stat_fpu_entries).write_volatile(s.fpu_entries);
+            core::ptr::addr_of_mut!((*r).stat_global_flushes).write_volatile(s.global_flushes);
         }
     }
 }

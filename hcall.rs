@@ -186,12 +186,17 @@ fn dispatch(cx: &mut Ctx<'_>, a: &HcallArgs, in_ring: bool) -> Result<Option<Use
 }
 
 /// Whether guest user mode may be entered: the guest's own tables, and a
-/// kernel stack for the way back (`what` names the call for the reason).
+/// kernel stack for the way back, from `SET_STACK` or `lguest_data`'s
+/// `kernel_sp0` (`what` names the call for the reason).
 fn user_mode_ready(cx: &Ctx<'_>, what: &str) -> Result<(), Kill> {
     if cx.shadows.guest_root().is_none() {
         return kill!("{what} before NEW_PGTABLE: user mode needs the guest's own page tables");
     }
-    if cx.vcpu.kernel_stack == 0 {
+    let sp0 = match cx.vcpu.lguest_data {
+        Some(ld) => ld.kernel_sp0(cx.mem)?,
+        None => 0,
+    };
+    if cx.vcpu.kernel_stack == 0 && sp0 == 0 {
         return kill!("{what} before SET_STACK: user mode needs a kernel stack");
     }
     Ok(())

@@ -19,7 +19,8 @@ use crate::{
     gmem::{
         GuestMemory,
         HostPage,
-        RunExit, //
+        RunExit,
+        RunStats, //
     },
     interrupts::GuestGate,
     irq::{
@@ -163,13 +164,25 @@ impl Vcpu {
             notify_addr: addr,
             notify_arg: arg,
             shutdown_reason: shutdown,
-            stat_exits: self.stat_exits,
-            stat_hypercalls: self.stat_hypercalls,
-            stat_shadow_pages: self.stat_shadow_pages,
-            stat_fpu_entries: self.stat_fpu_entries,
-            stat_global_flushes: self.stat_global_flushes,
+            stats: self.stats(),
             message,
         });
+    }
+
+    /// The counters, as the run page shows them.
+    fn stats(&self) -> RunStats {
+        RunStats {
+            exits: self.stat_exits,
+            hypercalls: self.stat_hypercalls,
+            shadow_pages: self.stat_shadow_pages,
+            fpu_entries: self.stat_fpu_entries,
+            global_flushes: self.stat_global_flushes,
+        }
+    }
+
+    /// Copies the counters into the run page (RUN returns for a signal).
+    pub(crate) fn write_stats(&self) {
+        self.run.run_write_stats(&self.stats());
     }
 
     /// Fills the run page for `exit`.

@@ -241,7 +241,7 @@ impl Vm {
             cpuid,
         };
         if cx.vcpu.immediate_exit() {
-            return Err(EINTR);
+            return interrupted(&mut cx);
         }
         loop {
             if let Some(reason) = dead {
@@ -253,7 +253,7 @@ impl Vm {
             // A signal, or the freezer's fake one, ends RUN: the launcher's
             // thread meets it on its way back to user mode.
             if helpers::signal_pending() {
-                return Err(EINTR);
+                return interrupted(&mut cx);
             }
             helpers::cond_resched();
 
@@ -307,7 +307,7 @@ impl Vm {
                     // Work the handler queued (a memory-failure kill) runs on
                     // the return to user mode.
                     if helpers::notify_resume_pending() {
-                        return Err(EINTR);
+                        return interrupted(&mut cx);
                     }
                     continue;
                 }
@@ -338,6 +338,14 @@ impl Vm {
             }
         }
     }
+}
+
+/// RUN returns `EINTR` (a signal, the launcher's kick): the run page's
+/// counters are brought up to date, its exit left as it was.
+fn interrupted(cx: &mut Ctx<'_>) -> Result<RunStep> {
+    cx.vcpu.stat_shadow_pages = cx.shadows.pages() as u64;
+    cx.vcpu.write_stats();
+    Err(EINTR)
 }
 
 /// Fills the run page for `exit`, with the shadow table count of the

@@ -76,6 +76,13 @@ while read -r prog _; do
 	cp "$BIN/$prog" "$ROOT/selftests/lguest/$prog" || fail "test program $prog was not built"
 done <"$REPO/selftests/tests.list"
 cp "$BIN/lguest_bench" "$BIN/lguest_netbench" "$ROOT/selftests/lguest/"
+# The Linux guest's own initramfs: busybox and its /init (guest/linux/init).
+GROOT="$OUT/guest-rootfs"
+rm -rf "$GROOT"
+mkdir -p "$GROOT/bin"
+cp /bin/busybox "$GROOT/bin/busybox"
+cp "$REPO/guest/linux/init" "$GROOT/init"
+( cd "$GROOT" && find . | cpio -o -H newc --quiet | gzip -1 ) >"$ROOT/usr/share/lguest/guests/linux-initramfs.gz"
 echo "root:x:0:0:root:/:/bin/sh" >"$ROOT/etc/passwd"
 echo "nobody:x:65534:65534:nobody:/:/bin/false" >>"$ROOT/etc/passwd"
 ( cd "$ROOT" && find . | cpio -o -H newc --quiet | gzip -1 ) >"$OUT/initramfs.gz"

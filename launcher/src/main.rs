@@ -157,7 +157,7 @@ enum Command {
         /// unoffered features; their warnings are rate-limited to a few a
         /// second, and the counts say how many were held back); as text (the
         /// default) or --stats=json (one JSON object). SIGUSR1 prints the
-        /// same while the guest runs.
+        /// same while the guest runs, and the vCPU's registers.
         #[arg(long, value_name = "text|json", num_args = 0..=1, require_equals = true, default_missing_value = "text")]
         stats: Option<run::StatsFormat>,
         /// The guest ELF image.

@@ -347,13 +347,20 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
                 }
             };
         enter_or_exit(Role::Vcpu);
-        let vcpu = DevVcpu { lg: &lg, index: vcpu, page: &page };
+        let index = vcpu;
+        let vcpu = DevVcpu { lg: &lg, index, page: &page };
         let format = opts.devices.stats.unwrap_or(StatsFormat::Text);
         let dump = || {
             if !signals::take_dump_request() {
                 return false;
             }
             eprint!("{}", report(format, &page, &bus));
+            // Where the vCPU stood when the signal brought it back: what a
+            // guest that runs on without output is doing.
+            match lg.get_regs(index) {
+                Ok(r) => eprintln!("vcpu {index}: {}", describe_regs(&r)),
+                Err(e) => eprintln!("vcpu {index}: no registers: {e}"),
+            }
             page.set_immediate_exit(false);
             true
         };
@@ -514,6 +521,33 @@ fn run_loop(
             }
         }
     }
+}
+
+/// One line of a vCPU's registers for the SIGUSR1 dump: the instruction
+/// and stack pointers and the flags first, then the rest.
+fn describe_regs(r: &abi::LguestRegs) -> String {
+    format!(
+        "rip {:#x} rsp {:#x} rflags {:#x} rax {:#x} rbx {:#x} rcx {:#x} rdx {:#x} rsi {:#x} rdi {:#x} rbp {:#x} \
+         r8 {:#x} r9 {:#x} r10 {:#x} r11 {:#x} r12 {:#x} r13 {:#x} r14 {:#x} r15 {:#x}",
+        r.rip,
+        r.rsp,
+        r.rflags,
+        r.rax,
+        r.rbx,
+        r.rcx,
+        r.rdx,
+        r.rsi,
+        r.rdi,
+        r.rbp,
+        r.r8,
+        r.r9,
+        r.r10,
+        r.r11,
+        r.r12,
+        r.r13,
+        r.r14,
+        r.r15
+    )
 }
 
 /// The `--stats` report of the whole VM: the vCPU's exits and hypercalls

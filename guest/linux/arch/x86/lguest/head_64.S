@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * The lguest-rs guest's asm: its entry, and the paravirt hooks that must
- * keep every register but RAX (the callee-save convention of pv_ops.irq
- * and of mmu.read_cr2) and may run in noinstr code. Everything else is
- * lguest.rs.
+ * The lguest-rs guest's asm: its boot and system-call entries, its iret,
+ * and the paravirt hooks that must keep every register but RAX (the
+ * callee-save convention of pv_ops.irq and of mmu.read_cr2) and may run in
+ * noinstr code. Everything else is lguest.rs.
  *
  * The hypercall convention is lguest-rs's (include/uapi/linux/lguest.h
  * there): int $0x1f, RAX the number, RDI, RSI, RDX and R10 the arguments;
@@ -18,6 +18,7 @@
 #include <asm/pgtable_types.h>
 #include <asm/pgtable_64_types.h>
 #include <asm/processor-flags.h>
+#include <asm/segment.h>
 #include <asm/unwind_hints.h>
 #include <../entry/calling.h>
 
@@ -192,6 +193,24 @@ SYM_CODE_START(lguest_restore_regs_and_return_to_usermode)
 	addq	$8, %rsp	/* regs->orig_ax */
 	jmp	lguest_iret
 SYM_CODE_END(lguest_restore_regs_and_return_to_usermode)
+
+/*
+ * The system-call entry (LHCALL_SET_SYSCALL; lguest.rs registers it when
+ * the kernel writes entry_SYSCALL_64 to MSR_LSTAR). The host enters it for
+ * a user-mode syscall already on the kernel stack (kernel_sp0), with the
+ * user's RIP, CS, RFLAGS, RSP and SS pushed as for an interrupt, RCX and
+ * R11 as the instruction leaves them and the virtual IF off: where
+ * entry_SYSCALL_64 is after its swapgs and stack switch, which ring 3
+ * cannot do. As Xen PV's xen_entry_SYSCALL_64, it gives the frame the
+ * selectors the kernel expects of a 64-bit system call.
+ */
+SYM_CODE_START(lguest_entry_SYSCALL_64)
+	UNWIND_HINT_ENTRY
+	ENDBR
+	movq	$__USER_DS, 4*8(%rsp)
+	movq	$__USER_CS, 1*8(%rsp)
+	jmp	entry_SYSCALL_64_after_hwframe
+SYM_CODE_END(lguest_entry_SYSCALL_64)
 
 /* pv_ops.mmu.read_cr2: the host writes the fault address before it delivers a #PF. */
 SYM_FUNC_START(lguest_read_cr2)

@@ -28,8 +28,10 @@ mod lhcall {
     pub(crate) const NEW_PGTABLE: u64 = 4;
     pub(crate) const FLUSH_TLB: u64 = 5;
     pub(crate) const LOAD_IDT_ENTRY: u64 = 6;
+    pub(crate) const SET_CLOCKEVENT: u64 = 9;
     pub(crate) const HALT: u64 = 10;
     pub(crate) const NOTIFY: u64 = 17;
+    pub(crate) const SET_SYSCALL: u64 = 21;
     pub(crate) const SET_SEGMENT_BASE: u64 = 22;
     pub(crate) const INVLPG: u64 = 24;
 }
@@ -86,12 +88,14 @@ unsafe impl Sync for Shared {}
 
 /// The shared page. In `.data` rather than `.bss`: the entry registers it
 /// before `clear_bss()` runs, and the host has written into it by then. The
-/// async ring's status bytes start free (0xff).
+/// async ring's status bytes start free (0xff), every interrupt blocked.
 #[export_name = "lguest_data"]
 #[link_section = ".data..page_aligned"]
 static LGUEST_DATA: Shared = Shared(UnsafeCell::new(LguestData {
     irq_enabled: 0,
-    blocked_interrupts: [0; 1],
+    // Every interrupt blocked until the kernel has a handler for it (the
+    // host kills a guest it cannot deliver an unblocked interrupt to).
+    blocked_interrupts: [u64::MAX; 1],
     cr2: 0,
     time_sec: 0,
     time_nsec: 0,
@@ -279,6 +283,7 @@ const VIRT_EFER: u64 = 0xd01;
 static FS_BASE: Cell64 = Cell64::new(0);
 static GS_BASE: Cell64 = Cell64::new(0);
 static KERNEL_GS_BASE: Cell64 = Cell64::new(0);
+// MSR_LSTAR (index 1) is also the system-call entry (`write_msr`).
 static KEPT: [Cell64; 8] = [const { Cell64::new(0) }; 8];
 const KEPT_MSRS: [u32; 8] = [
     MSR_STAR,
@@ -314,6 +319,19 @@ fn write_msr(msr: u32, val: u64) -> bool {
     };
     match msr {
         MSR_EFER => true,
+        MSR_LSTAR => {
+            KEPT[1].set(val);
+            // The native entry cannot run in ring 3 (swapgs, and the stack
+            // switch): the host enters lguest_entry_SYSCALL_64 instead,
+            // which joins it after those. Any other entry: syscall is #UD.
+            let entry = if val == bindings::entry_SYSCALL_64 as *const () as u64 {
+                lguest_entry_SYSCALL_64 as *const () as u64
+            } else {
+                0
+            };
+            hcall(lhcall::SET_SYSCALL, entry, 0, 0);
+            true
+        }
         MSR_FS_BASE => base(&FS_BASE, BASE_FS),
         MSR_GS_BASE => base(&GS_BASE, BASE_GS),
         MSR_KERNEL_GS_BASE => base(&KERNEL_GS_BASE, BASE_USER_GS),
@@ -456,24 +474,18 @@ unsafe extern "C" fn lguest_write_ldt_entry(
 // ---- pv_ops.irq and pv_ops.mmu -------------------------------------------
 
 extern "C" {
+    fn lguest_entry_SYSCALL_64();
     fn lguest_save_fl();
     fn lguest_irq_disable();
     fn lguest_irq_enable();
     fn lguest_read_cr2();
 }
 
-/// `hlt` with interrupts on: the host turns the virtual IF on and sleeps
-/// until an interrupt comes.
-///
-/// The backend has no clock-event device yet, so the first halt, the idle
-/// loop's once `rest_init()` has started the first threads, would sleep
-/// for ever (no timer interrupt, no device interrupt the kernel listens
-/// to): it ends the guest instead, saying why.
+/// `hlt` with interrupts on (the idle loop's): the host turns the virtual
+/// IF on and sleeps until an interrupt can be delivered, the clock event's
+/// at the latest when the tick is running.
 unsafe extern "C" fn lguest_safe_halt() {
-    shutdown(
-        c"lguest: the CPU went idle, and there is no clock-event device to wake it yet",
-        SHUTDOWN_CRASH,
-    );
+    hcall(lhcall::HALT, 0, 0, 0);
 }
 
 /// `hlt`: with interrupts off nothing could wake the CPU, so the guest is
@@ -514,6 +526,186 @@ unsafe extern "C" fn lguest_flush_tlb_kernel() {
 
 unsafe extern "C" fn lguest_flush_tlb_one_user(addr: c_ulong) {
     hcall(lhcall::INVLPG, addr as u64, 0, 0);
+}
+
+// ---- interrupts and the clock event --------------------------------------
+
+/// The host delivers its interrupt `n` at vector 32 + `n` (guest-abi.rst):
+/// `FIRST_EXTERNAL_VECTOR`, whose gates `native_init_IRQ()` points at
+/// `irq_entries_start`, so `common_interrupt()` finds the irq in
+/// `vector_irq` and runs its flow handler.
+const FIRST_EXTERNAL_VECTOR: usize = 0x20;
+/// The host's clock event raises interrupt 0.
+const TIMER_IRQ: u32 = 0;
+/// The host arms no clock event sooner than this (`LHCALL_SET_CLOCKEVENT`).
+const CLOCK_MIN_DELTA_NS: u64 = 1000;
+/// `KTIME_MAX`: no limit on how far ahead the event may be set.
+const CLOCK_MAX_DELTA_NS: u64 = i64::MAX as u64;
+
+/// Blocks (`true`) or unblocks interrupt `irq` in `blocked_interrupts`,
+/// which the host reads before it delivers one and never writes.
+fn set_blocked(irq: u32, block: bool) {
+    if irq >= 64 {
+        return;
+    }
+    let bit = 1u64 << irq;
+    // SAFETY: a field of the shared page (see `ld_read`); the irq core
+    // calls the chip with the descriptor locked and interrupts off, and
+    // the host only reads the word, so the read-modify-write is not torn.
+    unsafe {
+        let p = ptr::addr_of_mut!((*LGUEST_DATA.0.get()).blocked_interrupts).cast::<u64>();
+        let v = p.read_volatile();
+        p.write_volatile(if block { v | bit } else { v & !bit });
+    }
+}
+
+/// `irq_chip.irq_mask`: the host holds the interrupt back.
+unsafe extern "C" fn lguest_irq_mask(data: *mut bindings::irq_data) {
+    // SAFETY: the irq core passes the descriptor's irq_data.
+    set_blocked(unsafe { (*data).irq }, true);
+}
+
+/// `irq_chip.irq_unmask`: the host may deliver it again (at its next
+/// entry into the guest).
+unsafe extern "C" fn lguest_irq_unmask(data: *mut bindings::irq_data) {
+    // SAFETY: as for `lguest_irq_mask`.
+    set_blocked(unsafe { (*data).irq }, false);
+}
+
+/// A kernel structure the kernel takes a pointer to and then owns.
+struct KernelOwned<T>(UnsafeCell<T>);
+
+// SAFETY: each is filled once at boot, single-threaded, before its pointer
+// is handed to the kernel, which serializes every later access itself.
+unsafe impl<T> Sync for KernelOwned<T> {}
+
+/// The interrupt chip: `blocked_interrupts` is its mask register.
+// SAFETY: all-zero is a valid `struct irq_chip` (no name, no callbacks).
+static IRQ_CHIP: KernelOwned<bindings::irq_chip> =
+    KernelOwned(UnsafeCell::new(unsafe { core::mem::zeroed() }));
+
+/// The host's one-shot timer as a clock event device.
+// SAFETY: all-zero is a valid `struct clock_event_device` (detached, no
+// callbacks).
+static CLOCK_EVENT: KernelOwned<bindings::clock_event_device> =
+    KernelOwned(UnsafeCell::new(unsafe { core::mem::zeroed() }));
+
+/// `set_next_event`: `delta` nanoseconds from now (mult 1, shift 0).
+unsafe extern "C" fn lguest_set_next_event(
+    delta: c_ulong,
+    _evt: *mut bindings::clock_event_device,
+) -> c_int {
+    hcall(
+        lhcall::SET_CLOCKEVENT,
+        (delta as u64).max(CLOCK_MIN_DELTA_NS),
+        0,
+        0,
+    );
+    0
+}
+
+/// `set_state_shutdown` and `set_state_oneshot_stopped`: no event.
+unsafe extern "C" fn lguest_clock_shutdown(_evt: *mut bindings::clock_event_device) -> c_int {
+    hcall(lhcall::SET_CLOCKEVENT, 0, 0, 0);
+    0
+}
+
+/// The timer interrupt's action: the clock event's handler (the tick).
+unsafe extern "C" fn lguest_timer_interrupt(
+    _irq: c_int,
+    _dev: *mut c_void,
+) -> bindings::irqreturn_t {
+    let evt = CLOCK_EVENT.0.get();
+    // SAFETY: the device is registered (the irq was requested after it),
+    // and the clockevents core set its handler.
+    unsafe {
+        if let Some(handler) = (*evt).event_handler {
+            handler(evt);
+        }
+    }
+    bindings::irqreturn::IRQ_HANDLED
+}
+
+/// Gives `irq` a descriptor, the lguest chip and `flow`, and routes the
+/// host's vector for it to that descriptor.
+fn setup_irq(irq: u32, flow: bindings::irq_flow_handler_t) {
+    // SAFETY: boot-time irq setup, single-threaded; `irq_alloc_desc_at()`
+    // is a macro for this call; the chip is a static the kernel keeps; on
+    // a uniprocessor kernel `vector_irq` is a plain array (no per-CPU
+    // offset) and the vector is within it.
+    unsafe {
+        let r = bindings::__irq_alloc_descs(
+            irq as c_int,
+            irq,
+            1,
+            bindings::NUMA_NO_NODE,
+            ptr::null_mut(),
+            ptr::null(),
+        );
+        if r < 0 && r != -(bindings::EEXIST as c_int) {
+            bindings::panic(
+                c"lguest: no descriptor for interrupt %u".as_ptr().cast(),
+                irq,
+            );
+        }
+        bindings::irq_set_chip_and_handler_name(
+            irq,
+            IRQ_CHIP.0.get(),
+            flow,
+            c"level".as_ptr().cast(),
+        );
+        let desc = bindings::irq_to_desc(irq);
+        let table = (&raw mut bindings::vector_irq).cast::<*mut bindings::irq_desc>();
+        *table.add(FIRST_EXTERNAL_VECTOR + irq as usize) = desc;
+    }
+}
+
+/// `x86_init.timers.timer_init`: the clock event on interrupt 0. The clock
+/// source is the TSC, at the frequency the host gives (`calibrate_tsc`).
+unsafe extern "C" fn lguest_time_init() {
+    let chip = IRQ_CHIP.0.get();
+    let evt = CLOCK_EVENT.0.get();
+    // SAFETY: neither structure has been handed to the kernel yet; the
+    // kernel keeps both for ever (they are statics).
+    unsafe {
+        (*chip).name = c"lguest".as_ptr().cast();
+        (*chip).irq_mask = Some(lguest_irq_mask);
+        (*chip).irq_unmask = Some(lguest_irq_unmask);
+
+        (*evt).name = c"lguest".as_ptr().cast();
+        (*evt).features = bindings::CLOCK_EVT_FEAT_ONESHOT;
+        (*evt).set_next_event = Some(lguest_set_next_event);
+        (*evt).set_state_shutdown = Some(lguest_clock_shutdown);
+        (*evt).set_state_oneshot_stopped = Some(lguest_clock_shutdown);
+        (*evt).mult = 1;
+        (*evt).shift = 0;
+        (*evt).min_delta_ns = CLOCK_MIN_DELTA_NS;
+        (*evt).max_delta_ns = CLOCK_MAX_DELTA_NS;
+        (*evt).min_delta_ticks = CLOCK_MIN_DELTA_NS as c_ulong;
+        (*evt).max_delta_ticks = CLOCK_MAX_DELTA_NS as c_ulong;
+        (*evt).rating = c_int::MAX;
+        (*evt).irq = TIMER_IRQ as c_int;
+        // The cpumask is left NULL: on a uniprocessor kernel the core sets
+        // it to this CPU's.
+        bindings::clockevents_register_device(evt);
+    }
+    setup_irq(TIMER_IRQ, Some(bindings::handle_simple_irq));
+    // SAFETY: `request_irq()` is an inline wrapper of this call; the
+    // descriptor exists and has the chip. Starting the irq unblocks it.
+    let r = unsafe {
+        bindings::request_threaded_irq(
+            TIMER_IRQ,
+            Some(lguest_timer_interrupt),
+            None,
+            (bindings::IRQF_TIMER | bindings::IRQF_NOBALANCING) as c_ulong,
+            c"timer".as_ptr().cast(),
+            ptr::null_mut(),
+        )
+    };
+    if r != 0 {
+        // SAFETY: a format with one int argument.
+        unsafe { bindings::panic(c"lguest: request_irq(timer): %d".as_ptr().cast(), r) };
+    }
 }
 
 // ---- platform ------------------------------------------------------------
@@ -597,51 +789,66 @@ static PANIC_NOTIFIER: Notifier = Notifier(UnsafeCell::new(bindings::notifier_bl
     priority: 0,
 }));
 
-// ---- the boot console ----------------------------------------------------
+// ---- the consoles ---------------------------------------------------------
+
+/// Runs `f` with the virtual IF off (and puts it back): the consoles share
+/// one line buffer, and a console write can be interrupted by a printk.
+fn irqs_off<R>(f: impl FnOnce() -> R) -> R {
+    let was = ld_read!(irq_enabled);
+    ld_write!(irq_enabled, 0);
+    let r = f();
+    if was != 0 {
+        // SAFETY: the asm irq_enable hook keeps every register, so it can be
+        // called like any C function; IF was on when we came in.
+        unsafe { lguest_irq_enable() };
+    }
+    r
+}
 
 /// A line buffer for `LHCALL_NOTIFY`, which takes a NUL-terminated string.
 struct LineBuf(UnsafeCell<[u8; 256]>);
 
-// SAFETY: the console's write callback runs under the console lock.
+// SAFETY: used only in `notify_text`, with interrupts off on a uniprocessor.
 unsafe impl Sync for LineBuf {}
 
 static LINE: LineBuf = LineBuf(UnsafeCell::new([0; 256]));
 
-/// `console.write`: the launcher prints every string sent with
-/// `LHCALL_NOTIFY` (its "hypercall console").
+/// Sends `text` to the launcher's "hypercall console" (it prints every
+/// string sent with `LHCALL_NOTIFY`), in pieces of at most 255 bytes.
+fn notify_text(text: &[u8]) {
+    irqs_off(|| {
+        let buf = LINE.0.get();
+        for chunk in text.chunks(255) {
+            // SAFETY: the buffer is ours with interrupts off; a chunk is at
+            // most 255 bytes, so the NUL fits.
+            let line = unsafe { &mut *buf };
+            line[..chunk.len()].copy_from_slice(chunk);
+            line[chunk.len()] = 0;
+            hcall(lhcall::NOTIFY, pa_symbol(buf), 0, 0);
+        }
+    })
+}
+
+/// The boot console's `write`.
 unsafe extern "C" fn lguest_console_write(
     _con: *mut bindings::console,
     s: *const c_char,
     count: c_uint,
 ) {
     // SAFETY: the kernel passes `count` bytes at `s`.
-    let text = unsafe { core::slice::from_raw_parts(s.cast::<u8>(), count as usize) };
-    let buf = LINE.0.get();
-    for chunk in text.chunks(255) {
-        // SAFETY: the buffer is ours under the console lock; a chunk is at
-        // most 255 bytes, so the NUL fits.
-        let line = unsafe { &mut *buf };
-        line[..chunk.len()].copy_from_slice(chunk);
-        line[chunk.len()] = 0;
-        hcall(lhcall::NOTIFY, pa_symbol(buf), 0, 0);
-    }
+    notify_text(unsafe { core::slice::from_raw_parts(s.cast::<u8>(), count as usize) });
 }
 
-/// `struct console` for the hypercall console.
-struct Console(UnsafeCell<bindings::console>);
-
-// SAFETY: handed to register_console() once, at boot; the kernel owns it
-// from then on.
-unsafe impl Sync for Console {}
-
 // SAFETY: all-zero is a valid `struct console` (no callbacks, no name).
-static CONSOLE: Console = Console(UnsafeCell::new(unsafe { core::mem::zeroed() }));
+static CONSOLE: KernelOwned<bindings::console> =
+    KernelOwned(UnsafeCell::new(unsafe { core::mem::zeroed() }));
 
-/// Registers the hypercall console, before start_kernel(): printk keeps
+/// Registers the boot console, before start_kernel(): printk keeps
 /// everything in its buffer from the first message on and replays it to a
 /// console when one is registered, and this one needs nothing to work. It is
 /// also the early console (`early_printk()`, which the early exception
-/// handler uses).
+/// handler uses). A boot console: `hvc0` replaces it once the hvc core
+/// registers that.
 fn register_boot_console() {
     let con = CONSOLE.0.get();
     // SAFETY: the console is not registered yet, so it is ours.
@@ -650,13 +857,73 @@ fn register_boot_console() {
             (*con).name[i] = b;
         }
         (*con).write = Some(lguest_console_write);
-        (*con).flags =
-            (bindings::cons_flags_CON_PRINTBUFFER | bindings::cons_flags_CON_ANYTIME) as i16;
+        (*con).flags = (bindings::cons_flags_CON_PRINTBUFFER
+            | bindings::cons_flags_CON_ANYTIME
+            | bindings::cons_flags_CON_BOOT) as i16;
         (*con).index = -1;
         *(&raw mut bindings::early_console) = con;
         bindings::register_console(con);
     }
 }
+
+/// `hv_ops.put_chars` of `hvc0`, the kernel's console and user space's
+/// tty from `console_init()` on: the hypercall console too.
+unsafe extern "C" fn lguest_hvc_put_chars(_vtermno: u32, buf: *const u8, count: usize) -> isize {
+    // SAFETY: the hvc core passes `count` bytes at `buf`.
+    notify_text(unsafe { core::slice::from_raw_parts(buf, count) });
+    count as isize
+}
+
+/// `hv_ops.get_chars`: the hypercall console has no input (the hvc core
+/// polls, and finds none).
+unsafe extern "C" fn lguest_hvc_get_chars(_vtermno: u32, _buf: *mut u8, _count: usize) -> isize {
+    0
+}
+
+static HVC_OPS: bindings::hv_ops = bindings::hv_ops {
+    get_chars: Some(lguest_hvc_get_chars),
+    put_chars: Some(lguest_hvc_put_chars),
+    flush: None,
+    notifier_add: None,
+    notifier_del: None,
+    notifier_hangup: None,
+    tiocmget: None,
+    tiocmset: None,
+    dtr_rts: None,
+};
+
+/// A console initcall: `hvc0`'s console output, before the hvc core
+/// registers its console (in the same initcall level, later in link order).
+#[link_section = ".init.text"]
+unsafe extern "C" fn lguest_hvc_console_init() -> c_int {
+    // SAFETY: vterm 0 at index 0, with ops the kernel keeps (a static).
+    unsafe { bindings::hvc_instantiate(0, 0, &HVC_OPS) }
+}
+
+/// A device initcall: the `hvc0` tty (the tty layer is up by now).
+#[link_section = ".init.text"]
+unsafe extern "C" fn lguest_hvc_init() -> c_int {
+    // SAFETY: as for `lguest_hvc_console_init`; 256 bytes of output buffer.
+    let hp = unsafe { bindings::hvc_alloc(0, 0, &HVC_OPS, 256) };
+    match kernel::error::from_err_ptr(hp) {
+        Ok(_) => 0,
+        Err(e) => e.to_errno(),
+    }
+}
+
+// The two initcalls, as `console_initcall()` and `device_initcall()` make
+// them: 32-bit offsets to the function (PREL32 relocations, which x86-64
+// has; the `module!` macro emits its initcall the same way).
+core::arch::global_asm!(
+    ".pushsection .con_initcall.init, \"a\"",
+    ".long {con} - .",
+    ".popsection",
+    ".pushsection .initcall6.init, \"a\"",
+    ".long {dev} - .",
+    ".popsection",
+    con = sym lguest_hvc_console_init,
+    dev = sym lguest_hvc_init,
+);
 
 // ---- the start -----------------------------------------------------------
 
@@ -811,9 +1078,17 @@ fn install_hooks() {
         mmu.flush_tlb_kernel = Some(lguest_flush_tlb_kernel);
         mmu.flush_tlb_one_user = Some(lguest_flush_tlb_one_user);
 
+        // No PIC, IO-APIC or local APIC: the host's interrupts come on
+        // their vectors (native_init_IRQ() sets every external vector's
+        // gate), the lguest chip masks them, the host's timer ticks.
+        *(&raw mut bindings::legacy_pic) = &raw mut bindings::null_legacy_pic;
         let init = &raw mut bindings::x86_init;
         (*init).irqs.intr_mode_select = Some(bindings::x86_init_noop);
         (*init).irqs.intr_mode_init = Some(bindings::x86_init_noop);
+        (*init).irqs.pre_vector_init = Some(bindings::x86_init_noop);
+        (*init).timers.timer_init = Some(lguest_time_init);
+        (*init).timers.setup_percpu_clockev = Some(bindings::x86_init_noop);
+        (*(&raw mut bindings::x86_cpuinit)).setup_percpu_clockev = Some(bindings::x86_init_noop);
 
         let platform = &raw mut bindings::x86_platform;
         (*platform).calibrate_tsc = Some(lguest_calibrate_tsc);
@@ -887,10 +1162,14 @@ pub unsafe extern "C" fn lguest_start_kernel() -> ! {
     force_cpu_cap(X86_FEATURE_LGUEST);
     force_cpu_cap(X86_FEATURE_PV_RING3);
     install_hooks();
-    // SAFETY: C globals of the kernel's (a bool, boot_params, of 4096
+    // SAFETY: C globals of the kernel's (two bools, boot_params, of 4096
     // bytes); boot is single-threaded; the copy is head_64.S's.
     let bp = unsafe {
         *(&raw mut bindings::early_boot_irqs_disabled) = true;
+        // What load_ucode_bsp(), which this entry skips, sets from CPUID's
+        // hypervisor bit: the microcode loader keeps off (it would read
+        // the AMD patch-level MSR with a native rdmsr).
+        *(&raw mut bindings::x86_hypervisor_present) = true;
         let bp = &raw mut bindings::boot_params;
         ptr::copy_nonoverlapping(lguest_boot_params.as_ptr(), bp.cast::<u8>(), 4096);
         &*(bp.cast::<[u8; 4096]>())
