@@ -1190,7 +1190,9 @@ fn linux_boot(mode: &str) -> Result<Outcome, t::NotPassed> {
 /// on `hvc0`, prints a marker and powers the guest off: exit status 0 and
 /// the launcher's poweroff message.
 fn linux_init_poweroff() -> TestResult {
+    let start = Instant::now();
     let o = linux_boot("poweroff")?;
+    println!("# boot, /init and poweroff took {:.1} s", start.elapsed().as_secs_f64());
     check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
     check!(o.stdout.contains("lginit: /init is running on 7.3"), "no marker from /init: {}", describe(&o));
     check!(o.stdout.contains("lginit: powering off"), "/init did not get to poweroff: {}", describe(&o));
@@ -1215,7 +1217,9 @@ fn linux_reboot_and_panic() -> TestResult {
 }
 
 /// User space works: 200 fork+exec+exit of /bin/true and a pipeline
-/// complete with the right results, /proc/cpuinfo shows the filtered CPUID
+/// complete with the right results, a program with SSE arithmetic and
+/// thread-locals in four threads gets its results (`lguest_linux_user`),
+/// /proc/cpuinfo shows the filtered CPUID
 /// (no VMX/SVM, PCID, SMEP, SMAP or LA57) and dmesg has no WARNING, BUG
 /// or Oops.
 fn linux_userspace() -> TestResult {
@@ -1226,6 +1230,11 @@ fn linux_userspace() -> TestResult {
     check!(lines.contains(&"true 200"), "200 x /bin/true: {lines:?}");
     // Of 1..=1000, 271 numbers have a 7.
     check!(lines.contains(&"pipeline 271"), "seq | grep | wc: {lines:?}");
+    // lguest_linux_user: SSE sums and thread-locals in four threads.
+    check!(
+        lines.iter().any(|l| l.starts_with("user ok ") && l.ends_with(" [100, 101, 102, 103]")),
+        "the SSE and TLS program: {lines:?}"
+    );
     let Some(flags) = lines.iter().find_map(|l| l.strip_prefix("cpuinfo ")) else {
         fail!("no cpuinfo flags: {lines:?}");
     };
@@ -1241,6 +1250,49 @@ fn linux_userspace() -> TestResult {
     Ok(())
 }
 
+/// The guest's tick runs at its HZ (250) by the host's clock: the timer
+/// interrupt's count in /proc/interrupts across the guest's `sleep 5`
+/// grows by HZ x the host time between the two lines' arrival, within 10%,
+/// and that host time is 5 s within 10%.
+fn linux_timer_hz() -> TestResult {
+    const HZ: f64 = 250.0;
+    let (k, initrd) = (guest("vmlinux"), guest("linux-initramfs.gz"));
+    let mut l = spawn_launcher(&["run", "--memory", "128M", "--initrd", &initrd, &k, "--", "lginit=timer"])?;
+    let start = Instant::now();
+    let (mut t0, mut t1) = (None, None);
+    let count = |out: &str, key: &str| {
+        out.lines().find_map(|line| line.split_once(key).and_then(|(_, n)| n.trim().parse::<u64>().ok()))
+    };
+    while t1.is_none() && start.elapsed() < Duration::from_secs(300) {
+        std::thread::sleep(Duration::from_millis(20));
+        let out = std::fs::read_to_string(&l.out).unwrap_or_default();
+        if t0.is_none() {
+            t0 = count(&out, "lginit: ticks-start ").map(|n| (n, Instant::now()));
+        }
+        if t0.is_some() {
+            t1 = count(&out, "lginit: ticks-end ").map(|n| (n, Instant::now()));
+        }
+        if matches!(l.child.try_wait(), Ok(Some(_))) && t1.is_none() {
+            break;
+        }
+    }
+    let o = wait(l, Duration::from_secs(60))?;
+    let (Some((n0, at0)), Some((n1, at1))) = (t0, t1) else {
+        fail!("no tick counts from the guest: {}", describe(&o));
+    };
+    check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
+    let host = at1.duration_since(at0).as_secs_f64();
+    let ticks = n1.saturating_sub(n0) as f64;
+    println!("# {ticks} ticks in {host:.2} s of host time ({:.1} Hz)", ticks / host);
+    check!((4.5..=5.5).contains(&host), "the guest's 5 s took {host:.2} s of host time");
+    check!(
+        (ticks / (HZ * host) - 1.0).abs() <= 0.10,
+        "{ticks} ticks in {host:.2} s: {:.1} Hz, not {HZ} within 10%",
+        ticks / host
+    );
+    Ok(())
+}
+
 fn main() -> ExitCode {
     t::run(&[
         ("hello", hello),
@@ -1252,6 +1304,7 @@ fn main() -> ExitCode {
         ("linux_init_poweroff", linux_init_poweroff),
         ("linux_reboot_and_panic", linux_reboot_and_panic),
         ("linux_userspace", linux_userspace),
+        ("linux_timer_hz", linux_timer_hz),
         ("switcher_unreachable", switcher_unreachable),
         ("signal_stops_spinner", signal_stops_spinner),
         ("hypercall_loop", hypercall_loop),
