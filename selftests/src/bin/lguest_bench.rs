@@ -17,6 +17,10 @@
 //!   round trip from guest user mode, the host's shadow fault alone, and a
 //!   fork-like cycle (build, fill, switch, touch, tear down 64 pages).
 //!
+//! - the Linux guest (`lginit=bench`): a getpid and a fork+exec+exit of
+//!   `/bin/true` in its user space against the host's, and its boot to
+//!   `/init` by the host's wall clock beside the `hello` sample's run.
+//!
 //! Every figure is measured [`samples`] times (`LGUEST_BENCH_SAMPLES`,
 //! default 5) and reported as its median with the spread:
 //! `bench: name MEDIAN unit (median of K, min A, max B)`; ratios are of
@@ -210,6 +214,68 @@ impl Report {
     }
 }
 
+/// The Linux guest with `lginit=bench`: its getpid and its fork+exec+exit
+/// of `/bin/true` in TSC cycles (`lguest-linux-user bench`), and the host
+/// time from the launcher's start to `/init`'s first line.
+fn linux_guest(n: u64) -> Option<(f64, f64, f64)> {
+    let guests = std::env::var("LGUEST_GUESTS").unwrap_or_else(|_| "/usr/share/lguest/guests".into());
+    let out = std::env::temp_dir().join(format!("lguest-bench-linux-{}.out", std::process::id()));
+    let file = std::fs::File::create(&out).ok()?;
+    let mut child = Command::new(std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into()))
+        .args([
+            "run",
+            "--memory",
+            "128M",
+            "--initrd",
+            &format!("{guests}/linux-initramfs.gz"),
+            &format!("{guests}/vmlinux"),
+            "--",
+            "lginit=bench",
+            &format!("lgbench={n}"),
+        ])
+        .stdout(file)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .ok()?;
+    let start = std::time::Instant::now();
+    let mut boot = None;
+    let status = loop {
+        if boot.is_none() && std::fs::read_to_string(&out).is_ok_and(|t| t.contains("lginit: /init is running")) {
+            boot = Some(start.elapsed().as_secs_f64());
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            break st;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(600) {
+            let _ = child.kill();
+            break child.wait().ok()?;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    let _ = std::fs::remove_file(&out);
+    if !status.success() {
+        return None;
+    }
+    let line =
+        text.lines().find_map(|l| l.trim_end().split_once("lginit: bench getpid ").map(|(_, r)| r.to_owned()))?;
+    let mut w = line.split_whitespace();
+    let getpid: f64 = w.next()?.parse().ok()?;
+    let spawn: f64 = w.nth(1)?.parse().ok()?;
+    Some((getpid, spawn, boot?))
+}
+
+/// TSC cycles per fork+exec+exit+wait of `/bin/true` on the host.
+fn host_spawn_cycles(n: u64) -> Option<f64> {
+    let start = rdtsc();
+    for _ in 0..n {
+        if !Command::new("/bin/true").status().ok()?.success() {
+            return None;
+        }
+    }
+    Some((rdtsc() - start) as f64 / n as f64)
+}
+
 fn main() {
     let k = samples();
     let n = 200_000;
@@ -281,6 +347,50 @@ fn main() {
                 g / h
             );
         }
+    }
+    // The Linux guest: its system call and fork+exec against the host's,
+    // and its boot to /init, beside a Rust guest's whole run for scale.
+    let linux_n = 20_000;
+    let mut linux_runs = Vec::new();
+    for _ in 0..k {
+        match linux_guest(linux_n) {
+            Some(run) => linux_runs.push(run),
+            None => break,
+        }
+    }
+    let mut runs = linux_runs.iter();
+    let lgetpid =
+        r.figure("linux_guest_getpid", "cycles", " (in the Linux guest's user space)", k, || runs.next().map(|r| r.0));
+    let mut runs = linux_runs.iter();
+    let lspawn =
+        r.figure("linux_guest_spawn", "cycles", " (fork+exec+exit+wait of /bin/true)", k, || runs.next().map(|r| r.1));
+    let mut runs = linux_runs.iter();
+    let lboot = r.figure(
+        "linux_guest_boot_to_init",
+        "s",
+        " (host wall clock, launcher start to /init's first line)",
+        k,
+        || runs.next().map(|r| r.2),
+    );
+    let hspawn =
+        r.figure("host_spawn", "cycles", " (fork+exec+exit+wait of /bin/true)", k, || host_spawn_cycles(linux_n / 100));
+    let hello = r.figure("rust_guest_hello_run", "s", " (host wall clock, the hello sample's whole run)", k, || {
+        let guests = std::env::var("LGUEST_GUESTS").unwrap_or_else(|_| "/usr/share/lguest/guests".into());
+        let start = std::time::Instant::now();
+        let st = Command::new(std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into()))
+            .args(["run", "--memory", "16M", &format!("{guests}/hello")])
+            .output()
+            .ok()?;
+        st.status.success().then(|| start.elapsed().as_secs_f64())
+    });
+    if let (Some(l), Some(g)) = (lgetpid, getpid) {
+        println!("bench: linux_getpid_vs_host {:.2} ratio (of the medians)", l / g);
+    }
+    if let (Some(l), Some(h)) = (lspawn, hspawn) {
+        println!("bench: linux_spawn_vs_host {:.2} ratio (of the medians)", l / h);
+    }
+    if let (Some(l), Some(h)) = (lboot, hello) {
+        println!("bench: linux_boot_vs_hello {:.1} ratio (of the medians)", l / h);
     }
     if !r.failed.is_empty() {
         println!("bench: FAILED: {}", r.failed.join(", "));

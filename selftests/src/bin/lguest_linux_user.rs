@@ -5,6 +5,10 @@
 //! the guest kernel must keep each thread's FPU state and FS base.
 //!
 //! Prints `lginit: user ok <sum> <tls values>` or `lginit: user FAILED: ...`.
+//!
+//! `lguest-linux-user bench N` instead times N `getpid` system calls and
+//! N / 100 fork+exec+exit+wait of `/bin/true` with the TSC (`lginit=bench`,
+//! for `lguest_bench`): `lginit: bench getpid <cycles> spawn <cycles>`.
 
 use std::cell::Cell;
 
@@ -25,7 +29,40 @@ fn work(from: u64, n: u64) -> f64 {
     sum
 }
 
+fn rdtsc() -> u64 {
+    // SAFETY: rdtsc only reads the time-stamp counter.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+/// TSC cycles per `getpid` and per fork+exec+exit+wait of `/bin/true`.
+fn bench(n: u64) {
+    let start = rdtsc();
+    for _ in 0..n {
+        // SAFETY: getpid has no preconditions.
+        unsafe { libc::syscall(libc::SYS_getpid) };
+    }
+    let getpid = (rdtsc() - start) as f64 / n as f64;
+    let spawns = (n / 100).max(1);
+    let start = rdtsc();
+    for _ in 0..spawns {
+        match std::process::Command::new("/bin/true").status() {
+            Ok(st) if st.success() => {}
+            other => {
+                println!("lginit: bench FAILED: /bin/true: {other:?}");
+                return;
+            }
+        }
+    }
+    let spawn = (rdtsc() - start) as f64 / spawns as f64;
+    println!("lginit: bench getpid {getpid:.0} spawn {spawn:.0}");
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("bench") {
+        bench(args.get(2).and_then(|n| n.parse().ok()).unwrap_or(100_000));
+        return;
+    }
     let expected: Vec<f64> = (0..4).map(|k| work(1 + k * 1000, 1000)).collect();
     let threads: Vec<_> = (0..4u64)
         .map(|k| {
