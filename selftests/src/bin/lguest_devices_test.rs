@@ -594,7 +594,7 @@ fn stats_json_and_sigusr1() -> TestResult {
         unsafe { libc::kill(pid, libc::SIGUSR1) };
         let mut lines = Vec::new();
         let start = std::time::Instant::now();
-        while start.elapsed() < TIMEOUT && !lines.iter().any(|l: &String| l.starts_with("vm: ")) {
+        while start.elapsed() < TIMEOUT && !lines.iter().any(|l: &String| l.starts_with("vcpu 0: ")) {
             if let Ok(l) = rx.recv_timeout(Duration::from_millis(100)) {
                 lines.push(l);
             }
@@ -602,6 +602,13 @@ fn stats_json_and_sigusr1() -> TestResult {
         check!(
             lines.iter().any(|l| l.starts_with("vm: ") && l.contains(" exits, ")),
             "no dump after SIGUSR1: {lines:?}"
+        );
+        // And where the vCPU stood: its registers, RIP a guest address.
+        check!(
+            lines.iter().any(|l| l
+                .strip_prefix("vcpu 0: rip 0x")
+                .is_some_and(|r| !r.starts_with("0 ") && r.contains(" rsp 0x"))),
+            "no registers after SIGUSR1: {lines:?}"
         );
         check!(matches!(child.try_wait(), Ok(None)), "the launcher ended after SIGUSR1");
         // SAFETY: as above.
