@@ -216,7 +216,7 @@ impl Report {
 
 /// The Linux guest with `lginit=bench`: its getpid and its fork+exec+exit
 /// of `/bin/true` in TSC cycles (`lguest-linux-user bench`), and the host
-/// time from the launcher's start to `/init`'s first line.
+/// time from the launcher's start to `/init`'s first line, in ms.
 fn linux_guest(n: u64) -> Option<(f64, f64, f64)> {
     let guests = std::env::var("LGUEST_GUESTS").unwrap_or_else(|_| "/usr/share/lguest/guests".into());
     let out = std::env::temp_dir().join(format!("lguest-bench-linux-{}.out", std::process::id()));
@@ -241,7 +241,7 @@ fn linux_guest(n: u64) -> Option<(f64, f64, f64)> {
     let mut boot = None;
     let status = loop {
         if boot.is_none() && std::fs::read_to_string(&out).is_ok_and(|t| t.contains("lginit: /init is running")) {
-            boot = Some(start.elapsed().as_secs_f64());
+            boot = Some(start.elapsed().as_secs_f64() * 1000.0);
         }
         if let Ok(Some(st)) = child.try_wait() {
             break st;
@@ -367,21 +367,21 @@ fn main() {
     let mut runs = linux_runs.iter();
     let lboot = r.figure(
         "linux_guest_boot_to_init",
-        "s",
+        "ms",
         " (host wall clock, launcher start to /init's first line)",
         k,
         || runs.next().map(|r| r.2),
     );
     let hspawn =
         r.figure("host_spawn", "cycles", " (fork+exec+exit+wait of /bin/true)", k, || host_spawn_cycles(linux_n / 100));
-    let hello = r.figure("rust_guest_hello_run", "s", " (host wall clock, the hello sample's whole run)", k, || {
+    let hello = r.figure("rust_guest_hello_run", "ms", " (host wall clock, the hello sample's whole run)", k, || {
         let guests = std::env::var("LGUEST_GUESTS").unwrap_or_else(|_| "/usr/share/lguest/guests".into());
         let start = std::time::Instant::now();
         let st = Command::new(std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into()))
             .args(["run", "--memory", "16M", &format!("{guests}/hello")])
             .output()
             .ok()?;
-        st.status.success().then(|| start.elapsed().as_secs_f64())
+        st.status.success().then(|| start.elapsed().as_secs_f64() * 1000.0)
     });
     if let (Some(l), Some(g)) = (lgetpid, getpid) {
         println!("bench: linux_getpid_vs_host {:.2} ratio (of the medians)", l / g);
