@@ -192,9 +192,10 @@ fn user_mode_ready(cx: &Ctx<'_>, what: &str) -> Result<(), Kill> {
     if cx.shadows.guest_root().is_none() {
         return kill!("{what} before NEW_PGTABLE: user mode needs the guest's own page tables");
     }
+    // Guest memory is read only when SET_STACK gave no stack.
     let sp0 = match cx.vcpu.lguest_data {
-        Some(ld) => ld.kernel_sp0(cx.mem)?,
-        None => 0,
+        Some(ld) if cx.vcpu.kernel_stack == 0 => ld.kernel_sp0(cx.mem)?,
+        _ => 0,
     };
     if cx.vcpu.kernel_stack == 0 && sp0 == 0 {
         return kill!("{what} before SET_STACK: user mode needs a kernel stack");

@@ -35,6 +35,16 @@ fn rdtsc() -> u64 {
     unsafe { core::arch::x86_64::_rdtsc() }
 }
 
+/// Where the guest images are (`LGUEST_GUESTS`).
+fn guests() -> String {
+    std::env::var("LGUEST_GUESTS").unwrap_or_else(|_| "/usr/share/lguest/guests".into())
+}
+
+/// The launcher (`LGUEST_BIN`).
+fn launcher() -> Command {
+    Command::new(std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into()))
+}
+
 fn getpid_cycles(n: u64) -> f64 {
     let start = rdtsc();
     for _ in 0..n {
@@ -45,8 +55,8 @@ fn getpid_cycles(n: u64) -> f64 {
 }
 
 fn hypercall_cycles(n: u64) -> Option<f64> {
-    let guests = std::env::var("LGUEST_GUESTS").unwrap_or_else(|_| "/usr/share/lguest/guests".into());
-    let out = Command::new(std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into()))
+    let guests = guests();
+    let out = launcher()
         .args(["run", "--memory", "16M", &format!("{guests}/guest-ops"), "hcalls", &n.to_string()])
         .output()
         .ok()?;
@@ -62,8 +72,8 @@ fn hypercall_cycles(n: u64) -> Option<f64> {
 /// A guest user-mode system call round trip in TSC cycles, with `syscall`
 /// (through the host's #UD bounce) and with `int $0x80`: `user bench N`.
 fn guest_syscall_cycles(n: u64) -> Option<(f64, f64)> {
-    let guests = std::env::var("LGUEST_GUESTS").unwrap_or_else(|_| "/usr/share/lguest/guests".into());
-    let out = Command::new(std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into()))
+    let guests = guests();
+    let out = launcher()
         .args(["run", "--memory", "16M", &format!("{guests}/user"), "bench", &n.to_string()])
         .output()
         .ok()?;
@@ -82,16 +92,13 @@ fn guest_syscall_cycles(n: u64) -> Option<(f64, f64)> {
 /// Median interrupt delivery latency after re-enabling, in TSC cycles,
 /// from `guest-ops latency [noirqcheck]`.
 fn latency(noirqcheck: bool) -> Option<u64> {
-    let guests = std::env::var("LGUEST_GUESTS").unwrap_or_else(|_| "/usr/share/lguest/guests".into());
+    let guests = guests();
     let mut args =
         vec!["run".to_string(), "--memory".into(), "16M".into(), format!("{guests}/guest-ops"), "latency".into()];
     if noirqcheck {
         args.push("noirqcheck".into());
     }
-    let out = Command::new(std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into()))
-        .args(&args)
-        .output()
-        .ok()?;
+    let out = launcher().args(&args).output().ok()?;
     if !out.status.success() {
         return None;
     }
@@ -105,11 +112,8 @@ fn latency(noirqcheck: bool) -> Option<u64> {
 /// The `NAME=VALUE` figures of `pfbench` (page-fault round trips and a
 /// fork-like address-space cycle, in TSC cycles).
 fn pfbench() -> Option<Vec<(String, u64)>> {
-    let guests = std::env::var("LGUEST_GUESTS").unwrap_or_else(|_| "/usr/share/lguest/guests".into());
-    let out = Command::new(std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into()))
-        .args(["run", "--memory", "32M", &format!("{guests}/pfbench")])
-        .output()
-        .ok()?;
+    let guests = guests();
+    let out = launcher().args(["run", "--memory", "32M", &format!("{guests}/pfbench")]).output().ok()?;
     if !out.status.success() {
         return None;
     }
@@ -218,10 +222,10 @@ impl Report {
 /// of `/bin/true` in TSC cycles (`lguest-linux-user bench`), and the host
 /// time from the launcher's start to `/init`'s first line, in ms.
 fn linux_guest(n: u64) -> Option<(f64, f64, f64)> {
-    let guests = std::env::var("LGUEST_GUESTS").unwrap_or_else(|_| "/usr/share/lguest/guests".into());
+    let guests = guests();
     let out = std::env::temp_dir().join(format!("lguest-bench-linux-{}.out", std::process::id()));
     let file = std::fs::File::create(&out).ok()?;
-    let mut child = Command::new(std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into()))
+    let mut child = launcher()
         .args([
             "run",
             "--memory",
@@ -375,12 +379,9 @@ fn main() {
     let hspawn =
         r.figure("host_spawn", "cycles", " (fork+exec+exit+wait of /bin/true)", k, || host_spawn_cycles(linux_n / 100));
     let hello = r.figure("rust_guest_hello_run", "ms", " (host wall clock, the hello sample's whole run)", k, || {
-        let guests = std::env::var("LGUEST_GUESTS").unwrap_or_else(|_| "/usr/share/lguest/guests".into());
+        let guests = guests();
         let start = std::time::Instant::now();
-        let st = Command::new(std::env::var("LGUEST_BIN").unwrap_or_else(|_| "/usr/bin/lguest".into()))
-            .args(["run", "--memory", "16M", &format!("{guests}/hello")])
-            .output()
-            .ok()?;
+        let st = launcher().args(["run", "--memory", "16M", &format!("{guests}/hello")]).output().ok()?;
         st.status.success().then(|| start.elapsed().as_secs_f64() * 1000.0)
     });
     if let (Some(l), Some(g)) = (lgetpid, getpid) {

@@ -1181,9 +1181,14 @@ fn linux_entry() -> TestResult {
 /// Boots the Linux guest with its initramfs and `lginit=<mode>`
 /// (`guest/linux/init`), for at most 300 s.
 fn linux_boot(mode: &str) -> Result<Outcome, t::NotPassed> {
+    wait(spawn_linux(mode)?, Duration::from_secs(300))
+}
+
+/// Starts the Linux guest with its initramfs and `lginit=<mode>`.
+fn spawn_linux(mode: &str) -> Result<Guest, t::NotPassed> {
     let (k, initrd) = (guest("vmlinux"), guest("linux-initramfs.gz"));
     let arg = format!("lginit={mode}");
-    wait(spawn_launcher(&["run", "--memory", "128M", "--initrd", &initrd, &k, "--", &arg])?, Duration::from_secs(300))
+    spawn_launcher(&["run", "--memory", "128M", "--initrd", &initrd, &k, "--", &arg])
 }
 
 /// The Linux guest reaches user space (stage 3): its /init, busybox `sh`
@@ -1256,8 +1261,7 @@ fn linux_userspace() -> TestResult {
 /// and that host time is 5 s within 10%.
 fn linux_timer_hz() -> TestResult {
     const HZ: f64 = 250.0;
-    let (k, initrd) = (guest("vmlinux"), guest("linux-initramfs.gz"));
-    let mut l = spawn_launcher(&["run", "--memory", "128M", "--initrd", &initrd, &k, "--", "lginit=timer"])?;
+    let mut l = spawn_linux("timer")?;
     let start = Instant::now();
     let (mut t0, mut t1) = (None, None);
     let count = |out: &str, key: &str| {
