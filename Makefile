@@ -3,7 +3,8 @@
 # lguest-rs. The module itself is described in Kbuild; this Makefile drives
 # the whole loop (see README.md and Documentation/dev/testing.rst):
 #
-#   make run      boot the QEMU host, load lguest.ko and run the demo
+#   make run      boot the QEMU host, load lguest.ko and run the demo: the
+#                 Linux guest to a busybox shell (DEMO=rust: the Rust guests)
 #   make test     build everything and run the whole suite (T=, CPUS=, FLAVOUR=)
 #   make bochs-test   the targeted set (selftests/bochs.list) under Bochs,
 #                 the second test bed (T=, BOCHS_CPUS=1|2, WATCHDOG=)
@@ -69,7 +70,7 @@ bench:
 
 run: build
 	@echo "[run] booting the QEMU host; Ctrl-A X leaves QEMU"
-	bash $(S)/qemu.sh run "$${CPU:-max}"
+	KARGS="$${KARGS:-} lgtest.demo=$${DEMO:-linux}" bash $(S)/qemu.sh run "$${CPU:-max}"
 
 shell: build
 	@echo "[shell] booting the QEMU host; 'poweroff -f' or Ctrl-A X leaves"

@@ -1,17 +1,42 @@
 #!/bin/sh
 # SPDX-License-Identifier: GPL-2.0
-# The default demo of `make run`: the hello guest, then the devices demo
-# (virtio console, entropy, a disk and a network card on the lguest bus),
-# then guest user mode, each attached to the terminal.
+# The demo of `make run`, by `lgtest.demo=` on the host's command line
+# (DEMO= of make run):
+#   linux (the default)  the Linux guest to an interactive busybox shell on
+#          its virtio console (hvc1), attached to the terminal; `exit`
+#          powers the guest off;
+#   rust   the Rust guests: hello, then the devices demo (virtio console,
+#          entropy, a disk and a network card on the lguest bus), then
+#          guest user mode, each attached to the terminal.
+demo=linux
+for arg in $(cat /proc/cmdline); do
+	case "$arg" in
+	lgtest.demo=*) demo=${arg#lgtest.demo=} ;;
+	esac
+done
+G=/usr/share/lguest/guests
 echo "== /dev/lguest: $(ls -l /dev/lguest)"
 lguest version
-echo "== lguest run /usr/share/lguest/guests/hello"
-lguest run --memory 64M /usr/share/lguest/guests/hello from the demo
-echo "== the launcher exited with status $?"
-dd if=/dev/zero of=/tmp/demo-disk.img bs=1M count=8 2>/dev/null
-echo "== lguest run --disk /tmp/demo-disk.img --net tap=demo0 /usr/share/lguest/guests/devices"
-lguest run --memory 64M --disk /tmp/demo-disk.img --net tap=demo0 /usr/share/lguest/guests/devices </dev/null
-echo "== the launcher exited with status $?"
-echo "== lguest run /usr/share/lguest/guests/user"
-lguest run --memory 64M /usr/share/lguest/guests/user
-echo "== the launcher exited with status $?"
+case "$demo" in
+linux)
+	echo "== lguest run --memory 128M --initrd $G/linux-initramfs.gz $G/vmlinux"
+	echo "== (the Rust guests' demo: DEMO=rust make run)"
+	lguest run --memory 128M --initrd $G/linux-initramfs.gz $G/vmlinux
+	echo "== the launcher exited with status $?"
+	;;
+rust)
+	echo "== lguest run $G/hello"
+	lguest run --memory 64M $G/hello from the demo
+	echo "== the launcher exited with status $?"
+	dd if=/dev/zero of=/tmp/demo-disk.img bs=1M count=8 2>/dev/null
+	echo "== lguest run --disk /tmp/demo-disk.img --net tap=demo0 $G/devices"
+	lguest run --memory 64M --disk /tmp/demo-disk.img --net tap=demo0 $G/devices </dev/null
+	echo "== the launcher exited with status $?"
+	echo "== lguest run $G/user"
+	lguest run --memory 64M $G/user
+	echo "== the launcher exited with status $?"
+	;;
+*)
+	echo "== lgtest.demo=$demo: not a demo (linux or rust)"
+	;;
+esac

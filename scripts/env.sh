@@ -33,7 +33,7 @@ kernel_fragments() {
 # the config fragments: change any of them and a new tree is built.
 kernel_key() {
 	local ver
-	ver=$(make -s -C "$KSRC" kernelversion 2>/dev/null)
+	ver=$(make -s --no-print-directory -C "$KSRC" kernelversion 2>/dev/null)
 	local h
 	h=$( { cat $(kernel_fragments); "$KRUSTC" --version; clang-19 --version | head -1;
 		if [ "$FLAVOUR" = distro ]; then cat "$DISTRO_CONFIG"; gcc --version | head -1; fi; } | sha256sum | cut -c1-12)

@@ -20,7 +20,7 @@ say()  { printf '[guest-linux] %s\n' "$*" >&2; }
 fail() { printf '[guest-linux] ERROR: %s\n' "$*" >&2; exit 1; }
 
 [ -f "$KSRC/Makefile" ] || fail "no kernel source at $KSRC: run scripts/setup.sh"
-ver=$(make -s -C "$KSRC" kernelversion)
+ver=$(make -s --no-print-directory -C "$KSRC" kernelversion)
 key=$ver-$( { cat "$HERE/guest.config" "$HERE"/patches/*.patch;
 	(cd "$HERE" && find arch -type f | LC_ALL=C sort | xargs sha256sum);
 	"$KRUSTC" --version; clang-19 --version | head -1; } | sha256sum | cut -c1-12)

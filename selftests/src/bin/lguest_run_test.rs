@@ -6,7 +6,7 @@
 //! Needs `lguest` (`$LGUEST_BIN`, default /usr/bin/lguest) and the sample
 //! guests (`$LGUEST_GUESTS`, default /usr/share/lguest/guests).
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
@@ -58,6 +58,13 @@ fn spawn(guest_name: &str, args: &[&str]) -> Result<Guest, t::NotPassed> {
 
 /// The launcher with these arguments (standard output to a file).
 fn spawn_launcher(args: &[&str]) -> Result<Guest, t::NotPassed> {
+    spawn_launcher_fed(args, None)
+}
+
+/// [`spawn_launcher`] with input on its standard input instead of nothing:
+/// `(after, text)` writes `text` (then end of file) once the launcher's
+/// stdout has `after`.
+fn spawn_launcher_fed(args: &[&str], input: Option<(&str, &str)>) -> Result<Guest, t::NotPassed> {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let out = std::env::temp_dir().join(format!(
         "lguest-run-test-{}-{}.out",
@@ -67,12 +74,28 @@ fn spawn_launcher(args: &[&str]) -> Result<Guest, t::NotPassed> {
     let file = std::fs::File::create(&out).map_err(|e| t::NotPassed::Fail(format!("{}: {e}", out.display())))?;
     let child = Command::new(launcher())
         .args(args)
-        .stdin(Stdio::null())
+        .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
         .stdout(file)
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| t::NotPassed::Fail(format!("cannot start {}: {e}", launcher())))?;
-    Ok(Guest { child, out })
+    let mut g = Guest { child, out };
+    if let (Some((after, text)), Some(mut stdin)) = (input, g.child.stdin.take()) {
+        // Typed once `after` is out, as a person would: virtio_console
+        // drops input that comes before its port exists (linux-guest.rst).
+        let start = Instant::now();
+        while !std::fs::read_to_string(&g.out).unwrap_or_default().contains(after) {
+            if start.elapsed() > Duration::from_secs(300) || !matches!(g.child.try_wait(), Ok(None)) {
+                return Ok(g);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Dropped at the end: the launcher then reads end of file.
+        stdin
+            .write_all(text.as_bytes())
+            .map_err(|e| t::NotPassed::Fail(format!("writing the launcher's stdin: {e}")))?;
+    }
+    Ok(g)
 }
 
 fn wait(mut g: Guest, timeout: Duration) -> Result<Outcome, t::NotPassed> {
@@ -1186,9 +1209,94 @@ fn linux_boot(mode: &str) -> Result<Outcome, t::NotPassed> {
 
 /// Starts the Linux guest with its initramfs and `lginit=<mode>`.
 fn spawn_linux(mode: &str) -> Result<Guest, t::NotPassed> {
+    spawn_linux_fed(mode, None)
+}
+
+/// [`spawn_linux`] with input on the launcher's stdin, the virtio console's
+/// (see [`spawn_launcher_fed`]).
+fn spawn_linux_fed(mode: &str, input: Option<(&str, &str)>) -> Result<Guest, t::NotPassed> {
     let (k, initrd) = (guest("vmlinux"), guest("linux-initramfs.gz"));
     let arg = format!("lginit={mode}");
-    spawn_launcher(&["run", "--memory", "128M", "--initrd", &initrd, &k, "--", &arg])
+    spawn_launcher_fed(&["run", "--memory", "128M", "--initrd", &initrd, &k, "--", &arg], input)
+}
+
+/// The seed's `irq_enable` in Linux: with interrupts off, the host's timer
+/// fires and the host sets `irq_pending`; `local_irq_enable()`'s hook takes
+/// the interrupt before the next instruction (the count higher right
+/// after it), where a bare store to `irq_enabled` leaves it held back until
+/// the host's next exit (still none right after it). The backend's late
+/// initcall with `lguest.irqtest` does both (`lguest_irq_selftest`).
+fn linux_irq_enable_delivers() -> TestResult {
+    let (k, initrd) = (guest("vmlinux"), guest("linux-initramfs.gz"));
+    let args = ["run", "--memory", "128M", "--initrd", &initrd, &k, "--", "lguest.irqtest", "lginit=poweroff"];
+    let o = wait(spawn_launcher(&args)?, Duration::from_secs(300))?;
+    check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
+    // `%#llx` prints a zero irq_pending as "0": "0x" says it was set.
+    let line = o.stdout.lines().find_map(|l| l.split_once("lguest: irqtest: ").map(|(_, r)| r.to_string()));
+    let Some(line) = line else { fail!("no irqtest line: {}", describe(&o)) };
+    // More than one when the tick handler, catching up on the ticks the
+    // spin missed, arms the next event already due.
+    let taken: u64 = line
+        .strip_prefix("irq_enable: +")
+        .and_then(|r| r.split_once(' '))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or(0);
+    let head = format!("irq_enable: +{taken} (irq_pending 0x");
+    check!(taken >= 1 && line.starts_with(&head), "not taken at irq_enable: {line}");
+    check!(line.contains("; bare store: +0 (irq_pending 0x"), "taken without irq_enable's check: {line}");
+    Ok(())
+}
+
+/// The launcher's entropy device and a disk, through the same transport:
+/// virtio-rng is the kernel's hwrng and gives 64 bytes; /dev/vda is the
+/// disk file (its mark read back, its size in sectors), and what the guest
+/// writes to its second sector is in the file afterwards.
+fn linux_devices() -> TestResult {
+    let disk = std::env::temp_dir().join(format!("lguest-linux-disk-{}.img", std::process::id()));
+    let mut image = vec![0u8; 1 << 20];
+    image[..16].copy_from_slice(b"lguest-disk-mark");
+    std::fs::write(&disk, &image).map_err(|e| t::NotPassed::Fail(format!("{}: {e}", disk.display())))?;
+    let (k, initrd) = (guest("vmlinux"), guest("linux-initramfs.gz"));
+    let d = disk.display().to_string();
+    let args = ["run", "--memory", "128M", "--disk", &d, "--initrd", &initrd, &k, "--", "lginit=devices"];
+    let o = wait(spawn_launcher(&args)?, Duration::from_secs(300));
+    let after = std::fs::read(&disk).unwrap_or_default();
+    let _ = std::fs::remove_file(&disk);
+    let o = o?;
+    check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
+    check!(o.stdout.contains("lginit: hwrng virtio_rng.0 64"), "no virtio entropy: {}", describe(&o));
+    check!(o.stdout.contains("lginit: vda lguest-disk-mark 2048"), "the disk does not read back: {}", describe(&o));
+    check!(o.stdout.contains("lginit: vda-write 0"), "the guest's write failed: {}", describe(&o));
+    check_eq!(after.get(512..528), Some(&b"written-by-linux"[..]), "the guest's write is not in the file");
+    Ok(())
+}
+
+/// The virtio console (the lguest bus transport of the guest's backend,
+/// virtio_console's `hvc1`) is the interactive shell's controlling
+/// terminal: lines on the launcher's stdin run in the guest's shell, their
+/// output comes back on stdout, and the shell's `exit` powers the guest off.
+/// The shell computes its answer (`6*7`), so the tty's echo of the typed
+/// line cannot pass for it; the device is virtio device 3 (console), with
+/// its interrupts counted. With `--console off` there is no hvc1.
+fn linux_console_shell() -> TestResult {
+    let script = concat!(
+        "echo lgsh: $((6*7)) $(tty) $(cat /sys/bus/virtio/devices/virtio0/device)\n",
+        "echo lgsh: irqs $(awk '/virtio0/ { print ($2 > 0) }' /proc/interrupts)\n",
+        "exit\n"
+    );
+    let g = spawn_linux_fed("shell", Some(("interactive shell on hvc1", script)))?;
+    let o = wait(g, Duration::from_secs(300))?;
+    check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
+    check!(o.stdout.contains("interactive shell on hvc1"), "/init found no hvc1: {}", describe(&o));
+    check!(o.stdout.contains("lgsh: 42 /dev/hvc1 0x0003"), "no answer from the shell on hvc1: {}", describe(&o));
+    check!(o.stdout.contains("lgsh: irqs 1"), "no virtio0 interrupts counted: {}", describe(&o));
+    // Without the device, /init says so and powers off.
+    let (k, initrd) = (guest("vmlinux"), guest("linux-initramfs.gz"));
+    let args = ["run", "--memory", "128M", "--console", "off", "--initrd", &initrd, &k, "--", "lginit=shell"];
+    let o = wait(spawn_launcher(&args)?, Duration::from_secs(300))?;
+    check_eq!(o.code, 0, format!("--console off: exit status ({})", describe(&o)));
+    check!(o.stdout.contains("lginit: no virtio console (hvc1)"), "--console off: {}", describe(&o));
+    Ok(())
 }
 
 /// The Linux guest reaches user space (stage 3): its /init, busybox `sh`
@@ -1309,6 +1417,9 @@ fn main() -> ExitCode {
         ("linux_reboot_and_panic", linux_reboot_and_panic),
         ("linux_userspace", linux_userspace),
         ("linux_timer_hz", linux_timer_hz),
+        ("linux_console_shell", linux_console_shell),
+        ("linux_devices", linux_devices),
+        ("linux_irq_enable_delivers", linux_irq_enable_delivers),
         ("switcher_unreachable", switcher_unreachable),
         ("signal_stops_spinner", signal_stops_spinner),
         ("hypercall_loop", hypercall_loop),

@@ -22,6 +22,8 @@ use kernel::ffi::{c_char, c_int, c_uint, c_ulong, c_void};
 
 use kernel::bindings;
 
+mod virtio;
+
 /// Hypercall numbers (`LHCALL_*`).
 mod lhcall {
     pub(crate) const SHUTDOWN: u64 = 2;
@@ -615,6 +617,7 @@ unsafe extern "C" fn lguest_timer_interrupt(
     _irq: c_int,
     _dev: *mut c_void,
 ) -> bindings::irqreturn_t {
+    TIMER_IRQS.set(TIMER_IRQS.get() + 1);
     let evt = CLOCK_EVENT.0.get();
     // SAFETY: the device is registered (the irq was requested after it),
     // and the clockevents core set its handler.
@@ -624,6 +627,95 @@ unsafe extern "C" fn lguest_timer_interrupt(
         }
     }
     bindings::irqreturn::IRQ_HANDLED
+}
+
+/// The TSC.
+fn rdtsc() -> u64 {
+    let (lo, hi): (u32, u32);
+    // SAFETY: rdtsc reads the time-stamp counter (CR4.TSD is clear for the
+    // guest: the host lets it run natively) and changes nothing else.
+    unsafe {
+        core::arch::asm!("rdtsc", out("eax") lo, out("edx") hi, options(nomem, nostack));
+    }
+    u64::from(hi) << 32 | u64::from(lo)
+}
+
+/// Timer interrupts taken (for [`lguest_irq_selftest`]).
+static TIMER_IRQS: Cell64 = Cell64::new(0);
+
+/// Spins with interrupts off until the host has set `irq_pending`; false
+/// if it did not within about a second of TSC cycles.
+fn wait_irq_pending() -> bool {
+    let start = rdtsc();
+    let limit = u64::from(ld_read!(tsc_khz)) * 1000;
+    while ld_read!(irq_pending) == 0 {
+        if rdtsc() - start > limit {
+            return false;
+        }
+        core::hint::spin_loop();
+    }
+    true
+}
+
+/// A late initcall, with `lguest.irqtest` on the command line: the seed's
+/// `irq_enable` at work in a Linux kernel. With interrupts off, the host's
+/// timer is armed 100 us ahead and the kernel spins until the host has
+/// set `irq_pending`; the interrupt count right after `irq_enable` (the
+/// hook of `local_irq_enable()`) must be higher, the interrupt taken
+/// before the next instruction. The same with a bare store to
+/// `irq_enabled` (what `irq_enable` would be without its check) shows the
+/// interrupt still held back until the host's next exit. The timer then
+/// goes on from the tick handler, which the interrupt ran.
+#[link_section = ".init.text"]
+unsafe extern "C" fn lguest_irq_selftest() -> c_int {
+    // SAFETY: boot_command_line is a NUL-terminated string, written only
+    // before start_kernel().
+    let cmdline =
+        unsafe { core::ffi::CStr::from_ptr((&raw const bindings::boot_command_line).cast()) };
+    if !cmdline
+        .to_bytes()
+        .split(|&b| b == b' ')
+        .any(|w| w == b"lguest.irqtest")
+    {
+        return 0;
+    }
+    let mut counts = [0u64; 2];
+    let mut pending = [0u64; 2];
+    for (hook, (count, was)) in counts.iter_mut().zip(pending.iter_mut()).enumerate() {
+        // SAFETY: the asm hooks keep every register.
+        unsafe { lguest_irq_disable() };
+        let before = TIMER_IRQS.get();
+        hcall(lhcall::SET_CLOCKEVENT, 100_000, 0, 0);
+        if !wait_irq_pending() {
+            shutdown(c"lguest: irqtest: irq_pending never set", SHUTDOWN_CRASH);
+        }
+        *was = ld_read!(irq_pending);
+        if hook == 0 {
+            // SAFETY: as above.
+            unsafe { lguest_irq_enable() };
+            *count = TIMER_IRQS.get() - before;
+        } else {
+            ld_write!(irq_enabled, 1 << 9);
+            *count = TIMER_IRQS.get() - before;
+            // The next exit delivers it (a host tick at the latest).
+            while TIMER_IRQS.get() == before {
+                core::hint::spin_loop();
+            }
+        }
+    }
+    // SAFETY: a format with four u64 arguments.
+    unsafe {
+        bindings::_printk(
+            c"\x016lguest: irqtest: irq_enable: +%llu (irq_pending %#llx); bare store: +%llu (irq_pending %#llx)\n"
+                .as_ptr()
+                .cast(),
+            counts[0],
+            pending[0],
+            counts[1],
+            pending[1],
+        )
+    };
+    0
 }
 
 /// Gives `irq` a descriptor, the lguest chip and `flow`, and routes the
@@ -925,6 +1017,13 @@ core::arch::global_asm!(
     dev = sym lguest_hvc_init,
 );
 
+core::arch::global_asm!(
+    ".pushsection .initcall7.init, \"a\"",
+    ".long {late} - .",
+    ".popsection",
+    late = sym lguest_irq_selftest,
+);
+
 // ---- the start -----------------------------------------------------------
 
 /// The first page-table level: one entry per 512 GiB.
@@ -971,6 +1070,9 @@ static EARLY_DMAP: EarlyTables = EarlyTables(UnsafeCell::new(Tables {
     pmd: [[0; 512]; 4],
     pte: [0; 512],
 }));
+
+/// Where RAM ends: where the lguest bus's device window starts.
+static RAM_END: Cell64 = Cell64::new(0);
 
 /// Where RAM ends, from boot_params' e820 table.
 fn ram_end(page: &[u8; 4096]) -> u64 {
@@ -1174,7 +1276,9 @@ pub unsafe extern "C" fn lguest_start_kernel() -> ! {
         ptr::copy_nonoverlapping(lguest_boot_params.as_ptr(), bp.cast::<u8>(), 4096);
         &*(bp.cast::<[u8; 4096]>())
     };
-    early_direct_map(ram_end(bp));
+    let end = ram_end(bp);
+    RAM_END.set(end);
+    early_direct_map(end);
     // SAFETY: early_top_pgt now maps the kernel image (slot 511, as the
     // boot table did) and all RAM at PAGE_OFFSET; this code runs in the
     // image. The identity map of the boot table goes with this write.
