@@ -1209,15 +1209,19 @@ fn linux_boot(mode: &str) -> Result<Outcome, t::NotPassed> {
 
 /// Starts the Linux guest with its initramfs and `lginit=<mode>`.
 fn spawn_linux(mode: &str) -> Result<Guest, t::NotPassed> {
-    spawn_linux_fed(mode, None)
+    spawn_linux_with(&[], &[&format!("lginit={mode}")], None)
 }
 
-/// [`spawn_linux`] with input on the launcher's stdin, the virtio console's
-/// (see [`spawn_launcher_fed`]).
-fn spawn_linux_fed(mode: &str, input: Option<(&str, &str)>) -> Result<Guest, t::NotPassed> {
+/// Starts the Linux guest with its initramfs, the launcher options
+/// `opts`, the kernel command line `kargs` and, if any, input on the
+/// launcher's stdin, the virtio console's (see [`spawn_launcher_fed`]).
+fn spawn_linux_with(opts: &[&str], kargs: &[&str], input: Option<(&str, &str)>) -> Result<Guest, t::NotPassed> {
     let (k, initrd) = (guest("vmlinux"), guest("linux-initramfs.gz"));
-    let arg = format!("lginit={mode}");
-    spawn_launcher_fed(&["run", "--memory", "128M", "--initrd", &initrd, &k, "--", &arg], input)
+    let mut args = vec!["run", "--memory", "128M"];
+    args.extend_from_slice(opts);
+    args.extend_from_slice(&["--initrd", &initrd, &k, "--"]);
+    args.extend_from_slice(kargs);
+    spawn_launcher_fed(&args, input)
 }
 
 /// The seed's `irq_enable` in Linux: with interrupts off, the host's timer
@@ -1227,9 +1231,7 @@ fn spawn_linux_fed(mode: &str, input: Option<(&str, &str)>) -> Result<Guest, t::
 /// the host's next exit (still none right after it). The backend's late
 /// initcall with `lguest.irqtest` does both (`lguest_irq_selftest`).
 fn linux_irq_enable_delivers() -> TestResult {
-    let (k, initrd) = (guest("vmlinux"), guest("linux-initramfs.gz"));
-    let args = ["run", "--memory", "128M", "--initrd", &initrd, &k, "--", "lguest.irqtest", "lginit=poweroff"];
-    let o = wait(spawn_launcher(&args)?, Duration::from_secs(300))?;
+    let o = wait(spawn_linux_with(&[], &["lguest.irqtest", "lginit=poweroff"], None)?, Duration::from_secs(300))?;
     check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
     // `%#llx` prints a zero irq_pending as "0": "0x" says it was set.
     let line = o.stdout.lines().find_map(|l| l.split_once("lguest: irqtest: ").map(|(_, r)| r.to_string()));
@@ -1256,10 +1258,9 @@ fn linux_devices() -> TestResult {
     let mut image = vec![0u8; 1 << 20];
     image[..16].copy_from_slice(b"lguest-disk-mark");
     std::fs::write(&disk, &image).map_err(|e| t::NotPassed::Fail(format!("{}: {e}", disk.display())))?;
-    let (k, initrd) = (guest("vmlinux"), guest("linux-initramfs.gz"));
     let d = disk.display().to_string();
-    let args = ["run", "--memory", "128M", "--disk", &d, "--initrd", &initrd, &k, "--", "lginit=devices"];
-    let o = wait(spawn_launcher(&args)?, Duration::from_secs(300));
+    let o =
+        spawn_linux_with(&["--disk", &d], &["lginit=devices"], None).and_then(|g| wait(g, Duration::from_secs(300)));
     let after = std::fs::read(&disk).unwrap_or_default();
     let _ = std::fs::remove_file(&disk);
     let o = o?;
@@ -1284,16 +1285,14 @@ fn linux_console_shell() -> TestResult {
         "echo lgsh: irqs $(awk '/virtio0/ { print ($2 > 0) }' /proc/interrupts)\n",
         "exit\n"
     );
-    let g = spawn_linux_fed("shell", Some(("interactive shell on hvc1", script)))?;
+    let g = spawn_linux_with(&[], &["lginit=shell"], Some(("interactive shell on hvc1", script)))?;
     let o = wait(g, Duration::from_secs(300))?;
     check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
     check!(o.stdout.contains("interactive shell on hvc1"), "/init found no hvc1: {}", describe(&o));
     check!(o.stdout.contains("lgsh: 42 /dev/hvc1 0x0003"), "no answer from the shell on hvc1: {}", describe(&o));
     check!(o.stdout.contains("lgsh: irqs 1"), "no virtio0 interrupts counted: {}", describe(&o));
     // Without the device, /init says so and powers off.
-    let (k, initrd) = (guest("vmlinux"), guest("linux-initramfs.gz"));
-    let args = ["run", "--memory", "128M", "--console", "off", "--initrd", &initrd, &k, "--", "lginit=shell"];
-    let o = wait(spawn_launcher(&args)?, Duration::from_secs(300))?;
+    let o = wait(spawn_linux_with(&["--console", "off"], &["lginit=shell"], None)?, Duration::from_secs(300))?;
     check_eq!(o.code, 0, format!("--console off: exit status ({})", describe(&o)));
     check!(o.stdout.contains("lginit: no virtio console (hvc1)"), "--console off: {}", describe(&o));
     Ok(())
