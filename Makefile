@@ -13,7 +13,10 @@
 #   make debug-test   the whole suite, fuzzers included, on the debug kernel
 #                 (KASAN, lockdep, kmemleak)
 #   make fuzz     only the long runs: the guest and ioctl fuzzers
-#   make bench    the benchmarks (instruction counts and ratios)
+#   make bench    the benchmarks (instruction counts and ratios), the peer
+#                 benchmark last (PEERS=, default all; PEERS=none leaves it out)
+#   make peers    only the peer benchmark: gVisor and User-Mode Linux beside
+#                 lguest-rs in one QEMU host boot (PEERS=; scripts/peers.sh)
 #   make setup / kernel / build   the individual steps
 #   make module [KDIR=...]   lguest.ko for your own kernel (default: the
 #                 running one's /lib/modules/$(uname -r)/build), into build/module
@@ -24,7 +27,7 @@
 SHELL := /bin/bash
 S := scripts
 
-.PHONY: all setup kernel build test bochs-test run shell gdb debug-test fuzz bench check clean module install uninstall
+.PHONY: all setup kernel build test bochs-test run shell gdb debug-test fuzz bench peers check clean module install uninstall
 
 all: build
 
@@ -67,6 +70,9 @@ uninstall:
 
 bench:
 	bash $(S)/bench.sh
+
+peers:
+	bash $(S)/peers.sh bench
 
 run: build
 	@echo "[run] booting the QEMU host; Ctrl-A X leaves QEMU"

@@ -6,10 +6,13 @@
 # QEMU host with `-icount shift=0` (ICOUNT=0 to turn that off) and runs lguest_bench, then
 # boots it again without -icount for the network benchmark lguest_netbench
 # (NET_MIB per run, default 256, 0 leaves it out; NET_REPS runs per row,
-# default 3, the median stands for the row).
+# default 3, the median stands for the row). Last, the peer benchmark
+# (scripts/peers.sh bench: gVisor and User-Mode Linux beside lguest-rs in
+# one QEMU host boot, with -icount and without; PEERS picks them, default
+# all, PEERS=none leaves it out).
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
-OUT=$(bash "$REPO/scripts/build.sh")
+OUT=$(PEERS= bash "$REPO/scripts/build.sh")
 
 # The switcher's inventory: the instructions each path executes, by class
 # (MSR writes, CR3 writes, descriptor-table loads, ...), weighted with
@@ -29,8 +32,17 @@ grep '^bench:' "${log%.log}.out" || { tail -20 "$log"; echo "bench: failed (log 
 # threads, tap, TCP, the sink) running at the same time on the QEMU host's
 # two CPUs, and -icount runs QEMU's CPUs one at a time. Compare its rows
 # with each other, within one run.
-[ "${NET_MIB:-256}" = 0 ] && exit 0
-log="$CACHE/logs/$stamp-netbench.log"
-ICOUNT=${NET_ICOUNT:-0} KTAP_LOG="${log%.log}.out" KARGS="lgtest.netmib=${NET_MIB:-256} lgtest.netreps=${NET_REPS:-3} ${KARGS:-}" \
-	timeout -s KILL 5400 bash "$REPO/scripts/qemu.sh" netbench "${CPU:-max}" </dev/null >"$log" 2>&1 || true
-grep '^bench:' "${log%.log}.out" || { tail -20 "$log"; echo "bench: net failed (log $log)"; exit 1; }
+rc=0
+if [ "${NET_MIB:-256}" != 0 ]; then
+	log="$CACHE/logs/$stamp-netbench.log"
+	ICOUNT=${NET_ICOUNT:-0} KTAP_LOG="${log%.log}.out" KARGS="lgtest.netmib=${NET_MIB:-256} lgtest.netreps=${NET_REPS:-3} ${KARGS:-}" \
+		timeout -s KILL 5400 bash "$REPO/scripts/qemu.sh" netbench "${CPU:-max}" </dev/null >"$log" 2>&1 || true
+	grep '^bench:' "${log%.log}.out" || { tail -20 "$log"; echo "bench: net failed (log $log)"; rc=1; }
+fi
+
+# The peers (Documentation/dev/testing.rst, "Peers"): their own boots, on
+# the distro host kernel (it has SECCOMP and USER_NS), in $CACHE/out/peers.
+if [ "${PEERS-all}" != none ] && [ -n "${PEERS-all}" ]; then
+	PEERS=${PEERS-all} bash "$REPO/scripts/peers.sh" bench || { echo "bench: peers failed (above)"; rc=1; }
+fi
+exit $rc

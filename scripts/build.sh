@@ -75,13 +75,34 @@ while read -r prog _; do
 	[ -n "$prog" ] || continue
 	cp "$BIN/$prog" "$ROOT/selftests/lguest/$prog" || fail "test program $prog was not built"
 done <"$REPO/selftests/tests.list"
-cp "$BIN/lguest_bench" "$BIN/lguest_netbench" "$ROOT/selftests/lguest/"
+cp "$BIN/lguest_bench" "$BIN/lguest_netbench" "$BIN/lguest_peer_bench" "$ROOT/selftests/lguest/"
+# The peer benchmark's peers (PEERS=all or a list, scripts/bench.sh; never
+# make test): runsc, UML and its libraries, and the script that runs them.
+cp "$REPO/harness/peerbench.sh" "$ROOT/usr/share/lguest/peerbench.sh"
+if [ -n "${PEERS:-}" ]; then
+	want=()
+	case ",$PEERS," in *,all,*|*,gvisor*) want+=(runsc) ;; esac
+	case ",$PEERS," in *,all,*|*,uml*) want+=(uml) ;; esac
+	if [ ${#want[@]} -gt 0 ]; then
+		say "peers: ${want[*]}"
+		list=$(bash "$REPO/scripts/peers.sh" "${want[@]}") || fail "scripts/peers.sh ${want[*]} failed"
+		while read -r peer path; do
+			case "$peer" in
+			runsc) cp "$path" "$ROOT/usr/bin/runsc" ;;
+			uml) mkdir -p "$ROOT/usr/lib/uml"
+				cp "$path/linux" "$ROOT/usr/lib/uml/linux"
+				cp -r "$path/root/." "$ROOT/" ;;
+			esac
+		done <<<"$list"
+	fi
+fi
 # The Linux guest's own initramfs: busybox and its /init (guest/linux/init).
 GROOT="$OUT/guest-rootfs"
 rm -rf "$GROOT"
 mkdir -p "$GROOT/bin"
 cp /bin/busybox "$GROOT/bin/busybox"
 cp "$BIN/lguest_linux_user" "$GROOT/bin/lguest-linux-user"
+cp "$BIN/lguest_peer_bench" "$GROOT/bin/lguest-peer-bench"
 cp "$REPO/guest/linux/init" "$GROOT/init"
 ( cd "$GROOT" && find . | cpio -o -H newc --quiet | gzip -1 ) >"$ROOT/usr/share/lguest/guests/linux-initramfs.gz"
 echo "root:x:0:0:root:/:/bin/sh" >"$ROOT/etc/passwd"

@@ -5,21 +5,33 @@
 # in the QEMU host (Documentation/dev/testing.rst, "Peers"), into the cache:
 #
 #   peers.sh [runsc] [uml]     (default: both)
+#   peers.sh bench             the peer boots (make bench's last part)
 #
 #   runsc  gVisor's runsc from bookworm-backports (a static Go binary),
 #          fetched with a private apt configuration like setup.sh's (the
 #          system's sources never see backports) and unpacked with
 #          dpkg-deb -x into $CACHE/peers/runsc-<version>/;
-#   uml    User-Mode Linux 7.3 built from the cached kernel source
-#          ($KSRC) with kernel/uml.config, in $CACHE/build/uml-<key>, the
-#          key from the version, the fragment and the toolchain (as
-#          kernel_key does); its binary and the shared libraries it needs
-#          (UML_NET_VECTOR links it dynamically) are copied into
-#          $CACHE/peers/uml-<key>/, at their own paths under root/.
+#   uml    User-Mode Linux 7.3 built (with GCC, see UML_MAKE below) from
+#          the cached kernel source ($KSRC) with kernel/uml.config, in
+#          $CACHE/build/uml-<key>, the key from the version, the fragment
+#          and the toolchain (as kernel_key does); its binary and the
+#          shared libraries it needs (UML_NET_VECTOR links it dynamically)
+#          are copied into $CACHE/peers/uml-<key>/, at their own paths
+#          under root/.
 #
 # Prints one line per peer on stdout: `runsc PATH` (the binary) and
 # `uml PATH` (the directory: linux, and root/ with the libraries). Only
-# build.sh with PEERS set and scripts/bench.sh call it; never make test.
+# build.sh with PEERS set, scripts/bench.sh and make peers call it; never
+# make test.
+#
+# `bench` builds the peer boot's run directory (FLAVOUR=distro: Debian's
+# configuration has SECCOMP, SECCOMP_FILTER and USER_NS, which the normal
+# host.config leaves out; in $PEER_OUT, default $CACHE/out/peers, apart
+# from the test outputs), boots it with -icount shift=0 and without
+# (PEER_ICOUNT, default "1 0"), runs harness/peerbench.sh there for PEERS
+# (default all; PEER_COUNTS="GETPID_N FAULT_N FORK_N K" for other counts
+# than harness/peerbench.sh's) and prints its bench: lines. Exits 1, saying which, when a
+# requested peer could not run.
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
 
@@ -30,16 +42,19 @@ want=("$@")
 [ ${#want[@]} -gt 0 ] || want=(runsc uml)
 mkdir -p "$CACHE/peers"
 
-# UML is built with the normal host kernel's toolchain (clang 19, LLD);
-# UML_GCC=1 builds it with GCC instead. SUBARCH=x86 (what the top Makefile
-# derives from x86_64): Makefile.clang has a target triple for it, none
-# for x86_64; 64BIT comes from the config.
-if [ "${UML_GCC:-0}" = 1 ]; then
-	UML_MAKE=(make ARCH=um SUBARCH=x86)
-	uml_cc() { gcc --version | head -1; ld --version | head -1; }
-else
+# UML is built with GCC. Clang 19 (the normal host kernel's toolchain,
+# UML_CLANG=1) builds it too, and its ptrace mode runs, but with
+# seccomp=on its first user process (init) dies at once: "segfault at 0
+# ... sp 0000000000000000" in the stub area, where GCC's build runs (seen
+# 2026-12-04 on the build machine's 6.18 kernel). SUBARCH=x86 (what the
+# top Makefile derives from x86_64): Makefile.clang has a target triple
+# for it, none for x86_64; 64BIT comes from the config.
+if [ "${UML_CLANG:-0}" = 1 ]; then
 	UML_MAKE=(make LLVM=-19 ARCH=um SUBARCH=x86)
 	uml_cc() { clang-19 --version | head -1; ld.lld-19 --version | head -1; }
+else
+	UML_MAKE=(make ARCH=um SUBARCH=x86)
+	uml_cc() { gcc --version | head -1; ld --version | head -1; }
 fi
 RUNSC_SUITE=${RUNSC_SUITE:-bookworm-backports}
 
@@ -133,9 +148,13 @@ uml() {
 		rm -rf "$dir" && mkdir -p "$dir/root"
 		cp "$UOBJ/linux" "$dir/linux"
 		# A dynamic binary: its libraries, at the paths ldd names (the
-		# loader included), for the initramfs.
-		local lib
-		for lib in $(ldd "$UOBJ/linux" 2>/dev/null | grep -oE '/[^ ]+' | sort -u); do
+		# loader included), for the initramfs; and libgcc_s, which glibc
+		# loads itself for pthread_cancel (without it UML aborts at its
+		# power-off: "libgcc_s.so.1 must be installed for pthread_cancel").
+		local lib libgcc
+		libgcc=$(/sbin/ldconfig -p | sed -n 's/^[[:space:]]*libgcc_s.so.1 (libc6,x86-64) => //p' | head -1)
+		[ -n "$libgcc" ] || fail "no libgcc_s.so.1 (ldconfig -p)"
+		for lib in $(ldd "$UOBJ/linux" 2>/dev/null | grep -oE '/[^ ]+' | sort -u) "$libgcc"; do
 			mkdir -p "$dir/root$(dirname "$lib")"
 			cp -L "$lib" "$dir/root$lib"
 		done
@@ -143,6 +162,47 @@ uml() {
 	fi
 	echo "uml $dir"
 }
+
+bench() {
+	local peers=${PEERS:-all} pout=${PEER_OUT:-$CACHE/out/peers} key rc=0
+	# The distro kernel is built once by the suite (make test); a peer
+	# boot that would start a kernel build is a mistake somewhere.
+	key=$(FLAVOUR=distro; . "$REPO/scripts/env.sh"; kernel_key)
+	[ -f "$CACHE/build/$key/.lguest-built" ] || [ "${PEER_BUILD_KERNEL:-0}" = 1 ] \
+		|| fail "the distro host kernel $key is not built (FLAVOUR=distro make kernel, or PEER_BUILD_KERNEL=1)"
+	say "the peer boot's run directory ($pout; peers $peers)"
+	FLAVOUR=distro LGUEST_OUT="$pout" PEERS="$peers" bash "$REPO/scripts/build.sh" >/dev/null \
+		|| fail "FLAVOUR=distro build.sh for the peer boot failed"
+	mkdir -p "$CACHE/logs"
+	local stamp ic log label counts=
+	[ -n "${PEER_COUNTS:-}" ] && counts="lgtest.peercounts=$(echo $PEER_COUNTS | tr ' ' ,)"
+	stamp=$(date +%Y%m%d-%H%M%S)
+	for ic in ${PEER_ICOUNT:-1 0}; do
+		log="$CACHE/logs/$stamp-peerbench-icount$ic.log"
+		label="without -icount"
+		[ "$ic" = 1 ] && label="with -icount shift=0"
+		say "peer boot $label (log $log)"
+		FLAVOUR=distro LGUEST_OUT="$pout" ICOUNT=$ic KTAP_LOG="${log%.log}.out" \
+			KARGS="lgtest.peers=$peers $counts ${KARGS:-}" timeout -s KILL "${PEER_BOOT_TIMEOUT:-7200}" \
+			bash "$REPO/scripts/qemu.sh" peerbench "${CPU:-max}" </dev/null >"$log" 2>&1 || true
+		echo "bench: peers $label ($peers)"
+		if ! grep '^bench:' "${log%.log}.out"; then
+			tail -20 "$log"
+			echo "bench: peers failed $label: no output (log $log)"
+			rc=1
+		elif ! grep -q '^bench: peers done' "${log%.log}.out"; then
+			echo "bench: peers failed $label: $(grep '^bench: FAILED: peer ' "${log%.log}.out" \
+				| sed 's/^bench: FAILED: peer //' | paste -sd';' -) (log $log)"
+			rc=1
+		fi
+	done
+	return $rc
+}
+
+if [ "${want[0]}" = bench ]; then
+	bench
+	exit
+fi
 
 for p in "${want[@]}"; do
 	case "$p" in
