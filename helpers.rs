@@ -61,6 +61,7 @@ mod ffi {
         pub(super) fn lg_eventfd_put(ctx: *mut core::ffi::c_void);
         pub(super) fn lg_mm_pgd(mm: *mut core::ffi::c_void) -> *mut u64;
         pub(super) fn lg_has_invpcid() -> bool;
+        pub(super) fn lg_sysenter_in_long_mode() -> bool;
         pub(super) fn lg_flush_tlb_all_cpus();
         pub(super) fn lguest_switch_to_guest(block: *mut u8);
         pub(super) fn lguest_deliver_to_host(handler: usize);
@@ -551,6 +552,13 @@ pub(crate) fn switcher_entry_points() -> (usize, usize) {
         core::ptr::addr_of!(ffi::lguest_guest_entry) as usize,
         core::ptr::addr_of!(ffi::lguest_host_resume) as usize,
     )
+}
+
+/// Whether SYSENTER exists in long mode on this CPU: it does on Intel
+/// (and Centaur, Zhaoxin); AMD and Hygon CPUs raise #UD for it there.
+pub(crate) fn sysenter_in_long_mode() -> bool {
+    // SAFETY: Reads the boot CPU's vendor.
+    unsafe { ffi::lg_sysenter_in_long_mode() }
 }
 
 /// Whether the CPU has INVPCID (and the kernel lets it be used).

@@ -453,6 +453,17 @@ bool lg_has_invpcid(void)
 }
 
 /*
+ * SYSENTER in long mode: #UD on AMD and Hygon CPUs, an entry to
+ * SYSENTER_CS:SYSENTER_EIP on the others (Intel documents it for 64-bit
+ * mode). Anything but the two vendors known to lack it counts as having it.
+ */
+bool lg_sysenter_in_long_mode(void)
+{
+	return boot_cpu_data.x86_vendor != X86_VENDOR_AMD &&
+	       boot_cpu_data.x86_vendor != X86_VENDOR_HYGON;
+}
+
+/*
  * Drops every TLB entry and paging-structure cache entry on this CPU, for
  * every PCID, global ones included: what the kernel's __flush_tlb_all
  * does (exported to KVM only), by INVPCID or a CR4.PGE toggle.

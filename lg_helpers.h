@@ -64,6 +64,7 @@ void lguest_irqfd_fire(void *data, unsigned int irq);
 
 u64 *lg_mm_pgd(struct mm_struct *mm);
 bool lg_has_invpcid(void);
+bool lg_sysenter_in_long_mode(void);
 void lg_flush_tlb_all_cpus(void);
 
 /* Implemented in switcher_64.S. */

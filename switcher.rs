@@ -123,6 +123,8 @@ pub(crate) const fn alias_base(levels: u32) -> u64 {
 const CR4_PCIDE: u64 = 1 << 17;
 const CR4_PGE: u64 = 1 << 7;
 const CR4_LASS: u64 = 1 << 27;
+/// CR4.FSGSBASE.
+const CR4_FSGSBASE: u64 = 1 << 16;
 const CR4_PKE: u64 = 1 << 22;
 const CR4_LA57: u64 = 1 << 12;
 /// EFER.NXE.
@@ -218,7 +220,13 @@ struct ExitPage {
     flush_global: u32,
     /// INVPCID's descriptor (zeros).
     invpcid_desc: [u64; 2],
-    _pad: [u8; FRAME - 120],
+    /// 1: the host has FSGSBASE on, the FS and GS bases move by
+    /// RD/WR{FS,GS}BASE rather than by their MSRs.
+    fsgsbase: u32,
+    /// 1: the CPU has SYSENTER in long mode (every vendor but AMD and
+    /// Hygon), and SYSENTER_CS must be 0 while the guest runs.
+    sysenter: u32,
+    _pad: [u8; FRAME - 128],
     frame: [u64; 22],
 }
 
@@ -374,6 +382,8 @@ asm_offset! {
     "LG_VERW_SEL" => exit.verw_sel;
     "LG_FLUSH_GLOBAL" => exit.flush_global;
     "LG_INVPCID_DESC" => exit.invpcid_desc;
+    "LG_FSGSBASE" => exit.fsgsbase;
+    "LG_SYSENTER" => exit.sysenter;
     "LG_FRAME" => exit.frame;
     "LG_GDT" => desc.gdt;
     "LG_IST_PAGE" => ist;
@@ -530,7 +540,7 @@ impl GuestCpu {
 impl CpuBlock {
     /// Fills in a zeroed block at `addr`: the guest GDT, TSS and IDT, which
     /// never change afterwards, and the fixed fields.
-    fn init(&mut self, addr: u64, entry: &EntryPoints, cet: bool, pkru: bool) {
+    fn init(&mut self, addr: u64, entry: &EntryPoints, host: &HostFeatures) {
         let at = |off: usize| addr + off as u64;
         self.host.guest_entry = entry.guest_entry;
         self.host.host_resume = entry.host_resume;
@@ -589,9 +599,24 @@ impl CpuBlock {
             limit: (256 * 16 - 1) as u16,
             base: at(offset_of!(CpuBlock, idt)),
         };
-        self.host.cet_on = cet as u32;
-        self.host.pkru_on = pkru as u32;
+        self.host.cet_on = host.cet as u32;
+        self.host.pkru_on = host.pkru as u32;
+        self.exit.fsgsbase = host.fsgsbase as u32;
+        self.exit.sysenter = host.sysenter as u32;
     }
+}
+
+/// What the switcher does differently by what the host CPU has, the same
+/// on every CPU.
+struct HostFeatures {
+    /// User shadow stacks (U_CET, PL3_SSP to switch).
+    cet: bool,
+    /// Protection keys (PKRU to switch).
+    pkru: bool,
+    /// CR4.FSGSBASE: the bases by instruction, not by MSR.
+    fsgsbase: bool,
+    /// SYSENTER exists in long mode: SYSENTER_CS to switch.
+    sysenter: bool,
 }
 
 /// The addresses a block records: where the switcher's code is entered
@@ -616,7 +641,7 @@ struct Blocks {
 }
 
 impl Blocks {
-    fn new(ncpus: usize, alias: u64, entry: &EntryPoints, cet: bool, pkru: bool) -> Result<Self> {
+    fn new(ncpus: usize, alias: u64, entry: &EntryPoints, host: &HostFeatures) -> Result<Self> {
         let n = ncpus * BLOCK_PAGES;
         let mut b = Blocks {
             pages: KVec::with_capacity(n, GFP_KERNEL)?,
@@ -643,7 +668,7 @@ impl Blocks {
             let addr = b.alias_addr(cpu);
             // SAFETY: Block `cpu` lies in the mapping just made, zeroed (a
             // valid `CpuBlock`: integers only), and nothing else uses it yet.
-            unsafe { &mut *b.base.add(cpu) }.init(addr, entry, cet, pkru);
+            unsafe { &mut *b.base.add(cpu) }.init(addr, entry, host);
         }
         Ok(b)
     }
@@ -814,7 +839,13 @@ impl Switcher {
             guest_entry: in_alias(guest_entry),
             host_resume: host_resume as u64,
         };
-        let blocks = Blocks::new(ncpus, alias, &entry, cet, cr4 & CR4_PKE != 0)?;
+        let features = HostFeatures {
+            cet,
+            pkru: cr4 & CR4_PKE != 0,
+            fsgsbase: cr4 & CR4_FSGSBASE != 0,
+            sysenter: helpers::sysenter_in_long_mode(),
+        };
+        let blocks = Blocks::new(ncpus, alias, &entry, &features)?;
         let mut text = KVec::new();
         let mut va = start;
         while va < end {
@@ -884,7 +915,7 @@ impl Switcher {
         )?;
         let fpu_by = if s.xsave_mask != 0 { "XSAVE" } else { "FXSAVE" };
         pr_info!(
-            "switcher at {:#x}, alias {:#x} ({} text pages), direct map {:#x}, {} CPUs, {}-level paging{}{}, guest FPU by {} {:#x}, global flush by {}\n",
+            "switcher at {:#x}, alias {:#x} ({} text pages), direct map {:#x}, {} CPUs, {}-level paging{}{}{}{}, guest FPU by {} {:#x}, global flush by {}\n",
             start,
             alias,
             text.len(),
@@ -893,6 +924,8 @@ impl Switcher {
             s.levels,
             if s.pcid { ", PCID" } else { "" },
             if cet { ", user shadow stacks" } else { "" },
+            if features.fsgsbase { ", FSGSBASE" } else { "" },
+            if features.sysenter { ", SYSENTER_CS switched" } else { "" },
             fpu_by,
             s.xsave_mask,
             ["none", "INVPCID", "CR4.PGE"][s.flush_by as usize]

@@ -97,6 +97,8 @@
 #define LG_VERW_SEL		96	/* a data selector for VERW (CPU buffer clearing) */
 #define LG_FLUSH_GLOBAL		100	/* 1: INVPCID, 2: CR4.PGE toggle, after the guest's CR3 */
 #define LG_INVPCID_DESC		104	/* 16 zero bytes: INVPCID's descriptor */
+#define LG_FSGSBASE		120	/* 1: FS/GS bases by RD/WR*BASE, not MSRs */
+#define LG_SYSENTER		124	/* 1: SYSENTER exists in long mode (SYSENTER_CS to switch) */
 /* The guest frame: 22 quadwords ending at the top of page 0. */
 #define LG_FRAME		3920
 #define LG_FRAME_SIZE		(22 * 8)
@@ -170,6 +172,29 @@
 	mov	%rax, \reg
 .endm
 
+/*
+ * Loads the null selector (EAX, zero) into \seg where the host's, saved at
+ * \off(%rdi), is not null already.
+ */
+.macro NULL_SEL seg, off
+	cmpw	$0, \off(%rdi)
+	je	.Lnull_\seg\@
+	mov	%eax, %\seg
+.Lnull_\seg\@:
+.endm
+
+/*
+ * Loads the host's selector saved at \off(%rdi) into \seg where the
+ * current one (the guest may have loaded its own) differs. Clobbers eax.
+ */
+.macro HOST_SEL seg, off
+	mov	%\seg, %eax
+	cmpw	\off(%rdi), %ax
+	je	.Lhost_\seg\@
+	mov	\off(%rdi), %\seg
+.Lhost_\seg\@:
+.endm
+
 /* \reg := the block, from a stack pointer anywhere in page 0 or page 3. */
 .macro BLOCK_FROM_RSP reg
 	mov	%rsp, \reg
@@ -229,10 +254,26 @@ SYM_FUNC_START(lguest_switch_to_guest)
 	mov	%gs, LG_HOST_GS(%rdi)
 	mov	%cr0, %rax
 	mov	%rax, LG_HOST_CR0(%rdi)
-	RDMSR_TO MSR_FS_BASE, LG_HOST_FS_BASE
+	/* The FS and GS bases: by instruction where the host has FSGSBASE. */
+	cmpl	$0, LG_FSGSBASE(%rdi)
+	je	1f
+	rdfsbase %rax
+	mov	%rax, LG_HOST_FS_BASE(%rdi)
+	rdgsbase %rax
+	mov	%rax, LG_HOST_GS_BASE(%rdi)
+	jmp	2f
+1:	RDMSR_TO MSR_FS_BASE, LG_HOST_FS_BASE
 	RDMSR_TO MSR_GS_BASE, LG_HOST_GS_BASE
+2:
+	/*
+	 * EFER every time: it is not constant (kvm_amd sets EFER.SVME while
+	 * it has virtualization enabled on a CPU).
+	 */
 	RDMSR_TO MSR_EFER, LG_HOST_EFER
+	cmpl	$0, LG_SYSENTER(%rdi)
+	je	1f
 	RDMSR_TO MSR_IA32_SYSENTER_CS, LG_HOST_SYSENTER_CS
+1:
 	cmpl	$0, LG_PKRU_ON(%rdi)
 	je	1f
 	xor	%ecx, %ecx
@@ -300,26 +341,47 @@ SYM_INNER_LABEL(lguest_entry_window, SYM_L_GLOBAL)
 	mov	$LG_TSS_SEL, %eax
 	ltr	%ax
 	lidt	LG_GUEST_IDTR(%rdi)
+	/*
+	 * A null LDT and null data selectors, each loaded only where the
+	 * host's is not null already (a launcher has no LDT, and 64-bit
+	 * processes run with null FS and GS); then the FS/GS bases (a null
+	 * load may clear them).
+	 */
 	xor	%eax, %eax
+	cmpw	$0, LG_HOST_LDT(%rdi)
+	je	1f
 	lldt	%ax
-	/* Null data selectors; then the FS/GS bases (a null load may clear them). */
-	mov	%eax, %ds
-	mov	%eax, %es
-	mov	%eax, %fs
-	mov	%eax, %gs
-	WRMSR_FROM MSR_FS_BASE, LG_GUEST_FS_BASE
+1:	NULL_SEL ds, LG_HOST_DS
+	NULL_SEL es, LG_HOST_ES
+	NULL_SEL fs, LG_HOST_FS
+	NULL_SEL gs, LG_HOST_GS
+	cmpl	$0, LG_FSGSBASE(%rdi)
+	je	1f
+	mov	LG_GUEST_FS_BASE(%rdi), %rax
+	wrfsbase %rax
+	mov	LG_GUEST_GS_BASE(%rdi), %rax
+	wrgsbase %rax
+	jmp	2f
+1:	WRMSR_FROM MSR_FS_BASE, LG_GUEST_FS_BASE
 	WRMSR_FROM MSR_GS_BASE, LG_GUEST_GS_BASE
+2:
 	/* SYSCALL would enter the host's entry code: turn it off (#UD). */
 	mov	$MSR_EFER, %ecx
 	mov	LG_HOST_EFER(%rdi), %eax
 	mov	LG_HOST_EFER+4(%rdi), %edx
 	and	$~EFER_SCE, %eax
 	wrmsr
-	/* SYSENTER with a null SYSENTER_CS raises #GP. */
+	/*
+	 * SYSENTER with a null SYSENTER_CS raises #GP (where SYSENTER exists
+	 * in long mode at all: not on AMD or Hygon, where it raises #UD).
+	 */
+	cmpl	$0, LG_SYSENTER(%rdi)
+	je	2f
 	mov	$MSR_IA32_SYSENTER_CS, %ecx
 	xor	%eax, %eax
 	xor	%edx, %edx
 	wrmsr
+2:
 	/* All protection keys open for the guest (it may change PKRU itself). */
 	cmpl	$0, LG_PKRU_ON(%rdi)
 	je	2f
@@ -436,9 +498,14 @@ SYM_CODE_START_LOCAL(lguest_exit_common)
 	 * in registers: the host page that keeps them is not mapped yet.
 	 */
 	mov	%cr2, %r12
-	RDMSR_REG MSR_FS_BASE, %r13
+	cmpl	$0, LG_FSGSBASE(%rdi)
+	je	1f
+	rdfsbase %r13
+	rdgsbase %r14
+	jmp	2f
+1:	RDMSR_REG MSR_FS_BASE, %r13
 	RDMSR_REG MSR_GS_BASE, %r14
-	mov	$1, %r15d
+2:	mov	$1, %r15d
 	jmp	lguest_restore_host
 SYM_CODE_END(lguest_exit_common)
 _ASM_NOKPROBE(lguest_exit_common)
@@ -514,13 +581,24 @@ SYM_CODE_START_LOCAL(lguest_restore_host)
 	 * which is the guest's until here.
 	 */
 	lgdt	LG_HOST_GDTR_RW(%rdi)
+	/* The LDT and selectors where they differ from the host's. */
+	cmpw	$0, LG_HOST_LDT(%rdi)
+	je	1f
 	lldt	LG_HOST_LDT(%rdi)
-	mov	LG_HOST_DS(%rdi), %ds
-	mov	LG_HOST_ES(%rdi), %es
-	mov	LG_HOST_FS(%rdi), %fs
-	mov	LG_HOST_GS(%rdi), %gs
-	WRMSR_FROM MSR_FS_BASE, LG_HOST_FS_BASE
+1:	HOST_SEL ds, LG_HOST_DS
+	HOST_SEL es, LG_HOST_ES
+	HOST_SEL fs, LG_HOST_FS
+	HOST_SEL gs, LG_HOST_GS
+	cmpl	$0, LG_FSGSBASE(%rdi)
+	je	1f
+	mov	LG_HOST_FS_BASE(%rdi), %rax
+	wrfsbase %rax
+	mov	LG_HOST_GS_BASE(%rdi), %rax
+	wrgsbase %rax
+	jmp	2f
+1:	WRMSR_FROM MSR_FS_BASE, LG_HOST_FS_BASE
 	WRMSR_FROM MSR_GS_BASE, LG_HOST_GS_BASE
+2:
 	/*
 	 * Back to the module's own text, where calls into the kernel reach:
 	 * an indirect jump that cannot be steered, the retpoline sequence
@@ -568,9 +646,16 @@ SYM_CODE_START(lguest_host_resume)
 	WRMSR_FROM MSR_IA32_U_CET, LG_HOST_U_CET
 	WRMSR_FROM MSR_IA32_PL3_SSP, LG_HOST_PL3_SSP
 2:
-	/* CR0 (TS) before a host handler can run on the host IDT. */
+	/*
+	 * CR0 (TS) before a host handler can run on the host IDT: only if the
+	 * entry set TS (a guest cannot write CR0, so with its FPU state loaded
+	 * CR0 is still the host's).
+	 */
+	cmpl	$0, LG_GUEST_FPU(%rdi)
+	jne	1f
 	mov	LG_HOST_CR0(%rdi), %rax
 	mov	%rax, %cr0
+1:
 	lidt	LG_HOST_IDTR(%rdi)
 	/*
 	 * The host's TSS descriptor is busy (it was current when we left), and
@@ -583,7 +668,10 @@ SYM_CODE_START(lguest_host_resume)
 	ltr	LG_HOST_TR(%rdi)
 	lgdt	LG_HOST_GDTR(%rdi)
 	WRMSR_FROM MSR_EFER, LG_HOST_EFER
+	cmpl	$0, LG_SYSENTER(%rdi)
+	je	1f
 	WRMSR_FROM MSR_IA32_SYSENTER_CS, LG_HOST_SYSENTER_CS
+1:
 	cmpl	$0, LG_PKRU_ON(%rdi)
 	je	3f
 	mov	LG_HOST_PKRU(%rdi), %eax

@@ -103,7 +103,15 @@ def load(ko):
 
 
 # The block's fields the switcher tests (offsets from switcher_64.S).
-FIELD = {"pkru_on": 16564, "cet_on": 16568, "guest_fpu": 16572, "flush_global": 100}
+FIELD = {
+    "pkru_on": 16564, "cet_on": 16568, "guest_fpu": 16572, "flush_global": 100,
+    "fsgsbase": 120, "sysenter": 124,
+    "host_ldt": 16482, "host_ds": 16484, "host_es": 16486, "host_fs": 16488, "host_gs": 16490,
+}
+# The host as a launcher leaves it: no LDT, and the four data selectors
+# null (execve loads null DS, ES, FS and GS for a 64-bit process; the
+# host_selectors test sees it); the guest's selectors are null too.
+HOST = {"host_ldt": 0, "host_ds": 0, "host_es": 0, "host_fs": 0, "host_gs": 0}
 LG_GUEST_ENTRY, LG_HOST_RESUME = 16592, 16600
 STUB_SIZE = 32
 
@@ -168,11 +176,18 @@ def walk(syms, insn, fields, vector, from_guest=True):
         if op.startswith("j"):
             sys.exit(f"switch_inventory: {pc:#x}: no model for {op} {args}")
         # What the branches depend on.
-        if op in ("cmpl", "cmpb", "cmpq") and m_off:
+        if op in ("cmpl", "cmpb", "cmpq", "cmpw") and m_off:
             off = int(m_off.group(2), 16)
             if off not in block:
                 sys.exit(f"switch_inventory: {pc:#x}: a test of block offset {off} the walker does not know")
             zf = block[off] == int(m_off.group(1), 16)
+        elif op in ("movl", "movw") and re.match(r"%[defgs]s, %e?ax$", args):
+            regs["ax"] = 0  # the guest's selector: null
+        elif op == "cmpw" and re.match(r"0x([0-9a-f]+)\(%rdi\), %ax$", args):
+            off = int(args.split("(")[0], 16)
+            if off not in block or "ax" not in regs:
+                sys.exit(f"switch_inventory: {pc:#x}: {op} {args}: unknown operands")
+            zf = block[off] == regs["ax"]
         elif op == "testb" and args == "$0x3, 0x18(%rsp)":
             zf = not from_guest
         elif op in ("testl", "testq") and args in ("%r15d, %r15d", "%r15, %r15"):
@@ -260,13 +275,17 @@ def mitigations(ko, syms):
 def main():
     syms, insn = load(sys.argv[1])
     paths = [
-        ("hypercall", "a hypercall (int $0x1f), guest FPU state loaded", {"guest_fpu": 1}, 0x1F),
+        ("hypercall", "a hypercall (int $0x1f) on an Intel host with FSGSBASE, guest FPU state loaded", {"guest_fpu": 1}, 0x1F),
         ("hypercall_nofpu", "the same before the guest's first FPU use (CR0.TS set for it)", {"guest_fpu": 0}, 0x1F),
         ("hypercall_upper", "the same for an upper-half guest on a host with INVPCID", {"guest_fpu": 1, "flush_global": 1}, 0x1F),
         ("nmi", "an NMI that hit the guest (IST stack, the frame moved)", {"guest_fpu": 1}, 2),
+        ("hypercall_amd", "a hypercall on an AMD host (no SYSENTER in long mode)", {"guest_fpu": 1, "sysenter": 0}, 0x1F),
+        ("hypercall_nofsgsbase", "a hypercall on a host without FSGSBASE (the bases by MSR)", {"guest_fpu": 1, "fsgsbase": 0}, 0x1F),
     ]
     for name, what, fields, vector in paths:
-        f = {"pkru_on": 0, "cet_on": 0, "flush_global": 0}
+        # An Intel host with FSGSBASE (Linux turns it on where the CPU has
+        # it, since 5.9), without protection keys or user shadow stacks.
+        f = {"pkru_on": 0, "cet_on": 0, "flush_global": 0, "fsgsbase": 1, "sysenter": 1, **HOST}
         f.update(fields)
         counts, n = walk(syms, insn, f, vector)
         if name == "hypercall":

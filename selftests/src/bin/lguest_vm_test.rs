@@ -2633,6 +2633,69 @@ fn cpuid_table() -> TestResult {
     Ok(())
 }
 
+/// The segment registers' selector, read in this thread.
+fn selectors() -> [u16; 4] {
+    let (ds, es, fs, gs): (u16, u16, u16, u16);
+    // SAFETY: Reading segment registers has no side effects.
+    unsafe {
+        core::arch::asm!("mov {0:x}, ds", "mov {1:x}, es", "mov {2:x}, fs", "mov {3:x}, gs",
+            out(reg) ds, out(reg) es, out(reg) fs, out(reg) gs, options(nomem, nostack));
+    }
+    [ds, es, fs, gs]
+}
+
+/// Loads `sel` into GS (this program's Rust and libc never use GS).
+fn load_gs(sel: u16) {
+    // SAFETY: GS is unused here; an invalid selector raises #GP, which is
+    // the failure the caller looks for.
+    unsafe { core::arch::asm!("mov gs, {0:x}", in(reg) sel, options(nomem, nostack)) };
+}
+
+/// The guest gets null data selectors and no LDT, whatever the launcher's
+/// thread has, and the launcher gets its own back, whatever the guest
+/// loaded: the switcher loads each only where the two differ. The thread
+/// here has an LDT and an LDT selector in GS; the guest reads its DS, ES,
+/// FS and GS into R8-R11, then loads __USER_DS into FS and GS itself.
+fn host_selectors() -> TestResult {
+    let mut code = vec![
+        0x41, 0x8c, 0xd8, // mov %ds, %r8d
+        0x41, 0x8c, 0xc1, // mov %es, %r9d
+        0x41, 0x8c, 0xe2, // mov %fs, %r10d
+        0x41, 0x8c, 0xeb, // mov %gs, %r11d
+        0xb8, 0x2b, 0x00, 0x00, 0x00, // mov $0x2b, %eax
+        0x8e, 0xe0, // mov %eax, %fs
+        0x8e, 0xe8, // mov %eax, %gs
+    ];
+    code.extend_from_slice(GUEST_OK);
+    let vm = TestVm::new(&code)?;
+    // An LDT of one flat data segment (struct user_desc: entry 0, base 0,
+    // limit 0xfffff pages, seg_32bit, limit_in_pages, useable).
+    let desc: [u32; 4] = [0, 0, 0xf_ffff, 0x51];
+    // SAFETY: modify_ldt(1, desc, 16) reads 16 bytes of `desc`.
+    let r = unsafe { libc::syscall(libc::SYS_modify_ldt, 1, desc.as_ptr(), 16usize) };
+    check_eq!(r, 0, "modify_ldt");
+    const LDT_SEL: u16 = 0x7; // entry 0, LDT, RPL 3
+    let before = selectors();
+    load_gs(LDT_SEL);
+    let result = vm.run();
+    let after = selectors();
+    // Loading the LDT selector again faults if the LDT is gone.
+    load_gs(LDT_SEL);
+    load_gs(0);
+    check_eq!(result, Ok(0), "RUN");
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_NOTIFY, "exit reason");
+    let mut regs = abi::LguestVcpuRegs::default();
+    check_eq!(t::ioctl_ptr(&vm.f, abi::LGUEST_GET_REGS, &mut regs), Ok(0), "GET_REGS");
+    let r = regs.regs;
+    check_eq!([r.r8, r.r9, r.r10, r.r11], [0u64; 4], "the guest's DS, ES, FS, GS");
+    check_eq!(after, [before[0], before[1], before[2], LDT_SEL], "this thread's DS, ES, FS, GS after RUN");
+    // Once more, to the guest's SHUTDOWN: the same again.
+    check_eq!(vm.run(), Ok(0), "second RUN");
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_SHUTDOWN, "exit reason");
+    check_eq!(selectors(), [before[0], before[1], before[2], 0], "this thread's DS, ES, FS, GS at the end");
+    Ok(())
+}
+
 fn main() -> ExitCode {
     t::run(&[
         ("tiny_guest_runs", tiny_guest_runs),
@@ -2663,5 +2726,6 @@ fn main() -> ExitCode {
         ("second_thread_during_run", second_thread_during_run),
         ("fpu_state", fpu_state),
         ("cpuid_table", cpuid_table),
+        ("host_selectors", host_selectors),
     ])
 }
