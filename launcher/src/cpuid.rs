@@ -104,7 +104,14 @@ pub fn host_table() -> Vec<LguestCpuidEntry> {
                 continue;
             }
             for sub in 0..n {
-                let v = if sub == 0 { first } else { read(leaf, sub) };
+                let mut v = if sub == 0 { first } else { read(leaf, sub) };
+                // FSGSBASE as the host kernel enabled it: the guest runs
+                // under the host's CR4, so where the host left CR4.FSGSBASE
+                // off (`nofsgsbase`, or a kernel that does not use it) the
+                // instructions raise #UD in the guest, whatever the CPU has.
+                if (leaf, sub) == (7, 0) && !host_fsgsbase() {
+                    v[1] &= !1;
+                }
                 // XSAVE: the empty components are left out (they read as
                 // zeros from the table anyway).
                 if leaf == 0xd && sub > 1 && v == [0; 4] {
@@ -119,6 +126,16 @@ pub fn host_table() -> Vec<LguestCpuidEntry> {
     }
     out.truncate(abi::LGUEST_MAX_CPUID_ENTRIES as usize - 1);
     out
+}
+
+/// `HWCAP2_FSGSBASE` (`asm/hwcap2.h`): the kernel enabled FSGSBASE.
+const HWCAP2_FSGSBASE: libc::c_ulong = 1 << 1;
+
+/// Whether the host kernel enabled FSGSBASE (CR4.FSGSBASE), which it says
+/// in `AT_HWCAP2`.
+fn host_fsgsbase() -> bool {
+    // SAFETY: getauxval only reads the auxiliary vector.
+    unsafe { libc::getauxval(libc::AT_HWCAP2) & HWCAP2_FSGSBASE != 0 }
 }
 
 /// Bits hidden from the guest: (leaf, subleaf, register 0-3 for EAX-EDX,

@@ -502,20 +502,15 @@ fn rdgsbase() -> u64 {
     v
 }
 
-/// Whether the CPU has FSGSBASE (which the host kernel enables where the
-/// CPU has it).
+/// Whether the FSGSBASE instructions work here: CR4.FSGSBASE, which the
+/// host emulates (a guest runs under the host's CR4; CPUID says only what
+/// the CPU has, whether or not the host kernel turned it on).
 fn fsgsbase() -> bool {
-    // CPUID leaf 7 clobbers RBX, which LLVM reserves: save it around.
-    let ebx: u64;
-    // SAFETY: CPUID has no side effects; RBX is restored.
-    unsafe {
-        core::arch::asm!(
-            "mov {t}, rbx", "cpuid", "xchg {t}, rbx",
-            t = out(reg) ebx, inout("eax") 7u32 => _, inout("ecx") 0u32 => _, out("edx") _,
-            options(nomem, nostack)
-        )
-    };
-    ebx & 1 != 0
+    let cr4: u64;
+    // SAFETY: reading CR4 in guest kernel mode is emulated by the host; no
+    // memory is touched.
+    unsafe { core::arch::asm!("mov {}, cr4", out(reg) cr4, options(nomem, nostack)) };
+    cr4 & 1 << 16 != 0
 }
 
 /// `syscall`s the third program makes.
