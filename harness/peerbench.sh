@@ -22,6 +22,19 @@
 # start_ms is the wall clock from the spawn of the environment to the
 # program's first line (`peer: start`): the host's fork+exec, the Linux
 # guest's boot, UML's boot, runsc's sandbox start.
+#
+# With PEER_NET_MIB=N (lgtest.peernet=N; scripts/peers.sh sets it for the
+# boot without -icount) the TCP stream rows follow: N MiB out of each peer
+# to a host socket (tcp_out) and into it (tcp_in), timed by the host's
+# lguest-tcpsink (on CPU 0; the peer on CPU 1), the median of
+# PEER_NET_REPS runs (default 3), in MB/s, with the ratio to the host's
+# own stream over loopback (lguest-tcpsink at both ends). The paths:
+# lguest, the tcpblast sample (a Rust guest with smoltcp) over virtio-net
+# and a tap, to the host's 192.168.4.1 on it; UML, Linux's TCP in UML over
+# its vector tap transport (the same tap, gro=1: without it UML drops the
+# host's GSO frames); gVisor, runsc --rootless --network=host (the
+# Sentry's socket calls go to host sockets), over loopback. gVisor's own
+# netstack (runsc do's veth and NAT, which need iptables) is not measured.
 
 BIN=${PEER_BIN:-/selftests/lguest/lguest_peer_bench}
 GUESTS=/usr/share/lguest/guests
@@ -128,6 +141,114 @@ for p in $(echo "$peers" | tr ',' ' '); do
 	esac
 	report $p
 done
+
+# The TCP streams (see the top).
+NET_MIB=${PEER_NET_MIB:-0}
+NET_REPS=${PEER_NET_REPS:-3}
+NET_BYTES=$((NET_MIB * 1048576))
+TAP=peertap0
+HOSTIP=192.168.4.1
+PEERIP=192.168.4.2
+PORT=9999
+SINK=${PEER_SINK:-/usr/bin/lguest-tcpsink}
+
+# stream ADDR DIR CMD...: one transfer of NET_BYTES between the host's
+# sink, listening at ADDR, and CMD (the peer's side, which connects);
+# prints the sink's MB/s, or nothing.
+stream() {
+	addr=$1 dir=$2
+	shift 2
+	if [ "$dir" = out ]; then mode="--expect $NET_BYTES"; else mode="--send $NET_BYTES"; fi
+	taskset -c 0 "$SINK" "$addr" $mode --timeout 600 >"$W/sink.out" 2>&1 &
+	sp=$!
+	sleep 1
+	timeout 900 "$@" >"$W/stream.out" 2>&1 </dev/null
+	# A peer that failed leaves the sink waiting: 30 s more, then no.
+	( sleep 30; kill $sp 2>/dev/null ) &
+	kp=$!
+	wait $sp
+	kill $kp 2>/dev/null
+	sed -n 's/^tcpsink: .*, \([0-9.]*\) MB\/s.*/\1/p' "$W/sink.out" | head -1
+}
+
+# streams NAME ADDR CMD_OUT CMD_IN: NET_REPS runs each way, the medians.
+# CMD_OUT and CMD_IN are the peer's commands, as words.
+streams() {
+	name=$1 addr=$2 cmd_out=$3 cmd_in=$4
+	for dir in out in; do
+		cmd=$cmd_out
+		[ $dir = in ] && cmd=$cmd_in
+		rates=
+		i=0
+		while [ $i -lt "$NET_REPS" ]; do
+			r=$(stream "$addr" $dir $cmd)
+			if [ -z "$r" ]; then
+				echo "peerbench: $name tcp_$dir: no rate; sink: $(tr '\n' ' ' <"$W/sink.out"); peer: $(tail -3 "$W/stream.out" | tr '\n' ' ')" >&2
+				fail "$name" "tcp_$dir: the transfer failed"
+				return
+			fi
+			echo "peerbench: $name tcp_$dir run $((i + 1)): $r MB/s" >&2
+			rates="$rates $r"
+			i=$((i + 1))
+		done
+		med=$(printf '%s\n' $rates | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
+		echo "bench: peer_${name}_tcp_$dir $med MB/s (median of $NET_REPS, $NET_MIB MiB)"
+		if [ "$name" = host ]; then
+			eval "host_tcp_$dir=$med"
+		else
+			h=$(eval echo "\${host_tcp_$dir:-}")
+			[ -n "$h" ] && echo "bench: peer_${name}_tcp_${dir}_vs_host $(awk "BEGIN { printf \"%.2f\", $med / $h }") ratio"
+		fi
+	done
+}
+
+if [ "$NET_MIB" -gt 0 ]; then
+	echo "peerbench: TCP streams, $NET_MIB MiB, $NET_REPS runs each way" >&2
+	ip link set lo up
+	if "$BIN" tap $TAP && ip addr add $HOSTIP/24 dev $TAP && ip link set $TAP up; then
+		streams host 127.0.0.1:$PORT \
+			"taskset -c $CPU $SINK 127.0.0.1:$PORT --connect --send $NET_BYTES" \
+			"taskset -c $CPU $SINK 127.0.0.1:$PORT --connect --expect $NET_BYTES"
+	else
+		fail host "could not set up the tap $TAP"
+	fi
+	for p in $(echo "$peers" | tr ',' ' '); do
+		case "$p" in
+		lguest)
+			[ -c /dev/lguest ] || continue
+			tb="taskset -c $CPU /usr/bin/lguest run --memory 256M --net tap=$TAP $GUESTS/tcpblast ip=$PEERIP/24 peer=$HOSTIP:$PORT timeout=600"
+			streams $p $HOSTIP:$PORT "$tb send=$NET_BYTES" "$tb recv=$NET_BYTES"
+			;;
+		uml-ptrace|uml-seccomp)
+			[ -x "$UML" ] || continue
+			sc=off
+			[ $p = uml-seccomp ] && sc=on
+			for dir in out in; do
+				m="--send $NET_BYTES"
+				[ $dir = in ] && m="--expect $NET_BYTES"
+				cat >"$W/uml-net-$dir" <<EOF
+#!/bin/busybox sh
+/bin/busybox ip link set lo up
+/bin/busybox ip link set vec0 up
+/bin/busybox ip addr add $PEERIP/24 dev vec0
+$SINK $HOSTIP:$PORT --connect $m --timeout 600
+/bin/busybox poweroff -f
+EOF
+				chmod +x "$W/uml-net-$dir"
+			done
+			u="taskset -c $CPU $UML mem=256M root=/dev/root rootfstype=hostfs rootflags=/ rw con0=null,fd:1 con=null seccomp=$sc quiet vec0:transport=tap,ifname=$TAP,gro=1"
+			streams $p $HOSTIP:$PORT "$u init=$W/uml-net-out" "$u init=$W/uml-net-in"
+			;;
+		gvisor-systrap|gvisor-ptrace)
+			[ -x "$RUNSC" ] || continue
+			# runsc do sets up a network namespace of its own unless
+			# --rootless (then --network=host is the caller's).
+			g="taskset -c $CPU $RUNSC --root=/run/runsc --rootless --ignore-cgroups --network=host --platform=${p#gvisor-} do $SINK 127.0.0.1:$PORT --connect"
+			streams $p 127.0.0.1:$PORT "$g --send $NET_BYTES" "$g --expect $NET_BYTES"
+			;;
+		esac
+	done
+fi
 
 if [ -n "$failed" ]; then
 	echo "bench: FAILED: peers:$failed"

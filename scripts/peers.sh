@@ -30,7 +30,11 @@
 # from the test outputs), boots it with -icount shift=0 and without
 # (PEER_ICOUNT, default "1 0"), runs harness/peerbench.sh there for PEERS
 # (default all; PEER_COUNTS="GETPID_N FAULT_N FORK_N K" for other counts
-# than harness/peerbench.sh's) and prints its bench: lines. Exits 1, saying which, when a
+# than harness/peerbench.sh's) and prints its bench: lines. The boot
+# without -icount also runs the TCP stream rows: PEER_NET_MIB MiB per run
+# (default 64; 0 leaves them out), PEER_NET_REPS runs per row (default 3);
+# under -icount the QEMU host's CPUs take turns, which a stream's two ends
+# would wait on (as lguest_netbench says). Exits 1, saying which, when a
 # requested peer could not run.
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
@@ -174,16 +178,17 @@ bench() {
 	FLAVOUR=distro LGUEST_OUT="$pout" PEERS="$peers" bash "$REPO/scripts/build.sh" >/dev/null \
 		|| fail "FLAVOUR=distro build.sh for the peer boot failed"
 	mkdir -p "$CACHE/logs"
-	local stamp ic log label counts=
+	local stamp ic log label net counts=
 	[ -n "${PEER_COUNTS:-}" ] && counts="lgtest.peercounts=$(echo $PEER_COUNTS | tr ' ' ,)"
 	stamp=$(date +%Y%m%d-%H%M%S)
 	for ic in ${PEER_ICOUNT:-1 0}; do
 		log="$CACHE/logs/$stamp-peerbench-icount$ic.log"
 		label="without -icount"
-		[ "$ic" = 1 ] && label="with -icount shift=0"
+		net="lgtest.peernet=${PEER_NET_MIB:-64} lgtest.peernetreps=${PEER_NET_REPS:-3}"
+		if [ "$ic" = 1 ]; then label="with -icount shift=0"; net=; fi
 		say "peer boot $label (log $log)"
 		FLAVOUR=distro LGUEST_OUT="$pout" ICOUNT=$ic KTAP_LOG="${log%.log}.out" \
-			KARGS="lgtest.peers=$peers $counts ${KARGS:-}" timeout -s KILL "${PEER_BOOT_TIMEOUT:-7200}" \
+			KARGS="lgtest.peers=$peers $counts $net ${KARGS:-}" timeout -s KILL "${PEER_BOOT_TIMEOUT:-7200}" \
 			bash "$REPO/scripts/qemu.sh" peerbench "${CPU:-max}" </dev/null >"$log" 2>&1 || true
 		echo "bench: peers $label ($peers)"
 		if ! grep '^bench:' "${log%.log}.out"; then

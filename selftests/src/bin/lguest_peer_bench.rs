@@ -25,7 +25,10 @@
 //!   `peer: start_ms MS ms` when the `peer: start` line arrives (wall
 //!   clock from the spawn) and `peer: exit STATUS after MS ms` at its end,
 //!   or `peer: timeout after MS ms` when it is still running after SECONDS
-//!   (then it is killed).
+//!   (then it is killed);
+//! - `tap NAME`: creates the persistent tap NAME (with virtio-net headers,
+//!   as the launcher opens it) for the TCP stream rows, which the
+//!   launcher and UML's vector tap transport then attach to.
 //!
 //! The TSC is the QEMU host's in every environment: none of them traps
 //! `rdtsc`. Under `-icount shift=0` it counts instructions. Exits 1 with a
@@ -241,6 +244,17 @@ fn time(secs: u64, cmd: &[String]) -> Result<(), String> {
     }
 }
 
+/// `tap NAME` (see the top of the file).
+fn tap(name: &str) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let tun = lguest_selftests::open_tap(name).map_err(|e| format!("tap {name}: {e:?}"))?;
+    // SAFETY: TUNSETPERSIST takes an integer argument.
+    if unsafe { libc::ioctl(tun.as_raw_fd(), libc::TUNSETPERSIST, 1 as libc::c_ulong) } != 0 {
+        return Err(format!("TUNSETPERSIST {name}: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
 fn run(args: &[String]) -> Result<(), String> {
     let cmd = args.get(1).map(String::as_str).unwrap_or("");
     match cmd {
@@ -251,6 +265,7 @@ fn run(args: &[String]) -> Result<(), String> {
             start();
             Ok(())
         }
+        "tap" => tap(args.get(2).map(String::as_str).unwrap_or("")),
         "time" => time(arg(args, 2, 600)?, &args[3.min(args.len())..]),
         "all" => {
             start();
@@ -262,7 +277,7 @@ fn run(args: &[String]) -> Result<(), String> {
             Ok(())
         }
         _ => Err(format!(
-            "usage: {} getpid|fault|fork N [K] | start | all [GETPID_N FAULT_N FORK_N [K]] | time SECONDS CMD...",
+            "usage: {} getpid|fault|fork N [K] | start | all [GETPID_N FAULT_N FORK_N [K]] | time SECONDS CMD... | tap NAME",
             args.first().map(String::as_str).unwrap_or("lguest_peer_bench")
         )),
     }
