@@ -281,6 +281,8 @@ def main():
         ("nmi", "an NMI that hit the guest (IST stack, the frame moved)", {"guest_fpu": 1}, 2),
         ("hypercall_amd", "a hypercall on an AMD host (no SYSENTER in long mode)", {"guest_fpu": 1, "sysenter": 0}, 0x1F),
         ("hypercall_nofsgsbase", "a hypercall on a host without FSGSBASE (the bases by MSR)", {"guest_fpu": 1, "fsgsbase": 0}, 0x1F),
+        ("hypercall_pkru", "a hypercall on a host with protection keys (PKRU switched)", {"guest_fpu": 1, "pkru_on": 1}, 0x1F),
+        ("hypercall_cet", "a hypercall on a host with user shadow stacks (U_CET, PL3_SSP switched)", {"guest_fpu": 1, "cet_on": 1}, 0x1F),
     ]
     for name, what, fields, vector in paths:
         # An Intel host with FSGSBASE (Linux turns it on where the CPU has
