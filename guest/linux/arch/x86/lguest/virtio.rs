@@ -140,6 +140,12 @@ impl LguestDevice {
         (self.read32(OFF_CONFIG_LEN) as usize).min(CONFIG_MAX)
     }
 
+    /// How many of the `len` bytes at `offset` of the configuration space
+    /// lie inside it (the rest is beyond the device's `config_len`).
+    fn config_in_bounds(&self, offset: usize, len: usize) -> usize {
+        len.min(self.config_len().saturating_sub(offset))
+    }
+
     /// Queue `index`'s entry's offset in the slot.
     fn vq_off(index: u32) -> usize {
         OFF_QUEUES + VQ_SIZE * index as usize
@@ -158,14 +164,14 @@ unsafe extern "C" fn lg_get(
 ) {
     // SAFETY: the virtio core passes one of our devices.
     let dev = unsafe { &*dev_of(vdev) };
-    let have = dev.config_len();
+    let (offset, len) = (offset as usize, len as usize);
+    let inside = dev.config_in_bounds(offset, len);
     let buf = buf.cast::<u8>();
-    for i in 0..len as usize {
-        let at = offset as usize + i;
-        let b = if at < have {
-            // SAFETY: within the slot's configuration space (`have` is at
-            // most CONFIG_MAX).
-            unsafe { ptr::read_volatile(dev.desc.add(OFF_CONFIG + at)) }
+    for i in 0..len {
+        let b = if i < inside {
+            // SAFETY: within the slot's configuration space (`config_len`
+            // is at most CONFIG_MAX).
+            unsafe { ptr::read_volatile(dev.desc.add(OFF_CONFIG + offset + i)) }
         } else {
             0
         };
@@ -183,14 +189,11 @@ unsafe extern "C" fn lg_set(
 ) {
     // SAFETY: as for `lg_get`.
     let dev = unsafe { &*dev_of(vdev) };
-    let have = dev.config_len();
+    let offset = offset as usize;
     let buf = buf.cast::<u8>();
-    for i in 0..len as usize {
-        let at = offset as usize + i;
-        if at < have {
-            // SAFETY: as for `lg_get`, in both directions.
-            unsafe { ptr::write_volatile(dev.desc.add(OFF_CONFIG + at), *buf.add(i)) };
-        }
+    for i in 0..dev.config_in_bounds(offset, len as usize) {
+        // SAFETY: as for `lg_get`, in both directions.
+        unsafe { ptr::write_volatile(dev.desc.add(OFF_CONFIG + offset + i), *buf.add(i)) };
     }
 }
 
