@@ -155,6 +155,25 @@
 	wrmsr
 .endm
 
+/*
+ * Loads the FS and GS bases from the slots at \fs(%rdi) and \gs(%rdi): by
+ * WRFSBASE/WRGSBASE where the host has FSGSBASE on, by the MSRs otherwise.
+ * Clobbers rax, ecx, edx.
+ */
+.macro WRITE_BASES fs, gs
+	cmpl	$0, LG_FSGSBASE(%rdi)
+	je	.Lbases_msr\@
+	mov	\fs(%rdi), %rax
+	wrfsbase %rax
+	mov	\gs(%rdi), %rax
+	wrgsbase %rax
+	jmp	.Lbases_done\@
+.Lbases_msr\@:
+	WRMSR_FROM MSR_FS_BASE, \fs
+	WRMSR_FROM MSR_GS_BASE, \gs
+.Lbases_done\@:
+.endm
+
 /* Saves MSR \msr into the 64-bit slot at \off(%rdi). Clobbers eax, ecx, edx. */
 .macro RDMSR_TO msr, off
 	mov	$\msr, %ecx
@@ -355,16 +374,7 @@ SYM_INNER_LABEL(lguest_entry_window, SYM_L_GLOBAL)
 	NULL_SEL es, LG_HOST_ES
 	NULL_SEL fs, LG_HOST_FS
 	NULL_SEL gs, LG_HOST_GS
-	cmpl	$0, LG_FSGSBASE(%rdi)
-	je	1f
-	mov	LG_GUEST_FS_BASE(%rdi), %rax
-	wrfsbase %rax
-	mov	LG_GUEST_GS_BASE(%rdi), %rax
-	wrgsbase %rax
-	jmp	2f
-1:	WRMSR_FROM MSR_FS_BASE, LG_GUEST_FS_BASE
-	WRMSR_FROM MSR_GS_BASE, LG_GUEST_GS_BASE
-2:
+	WRITE_BASES LG_GUEST_FS_BASE, LG_GUEST_GS_BASE
 	/* SYSCALL would enter the host's entry code: turn it off (#UD). */
 	mov	$MSR_EFER, %ecx
 	mov	LG_HOST_EFER(%rdi), %eax
@@ -589,16 +599,7 @@ SYM_CODE_START_LOCAL(lguest_restore_host)
 	HOST_SEL es, LG_HOST_ES
 	HOST_SEL fs, LG_HOST_FS
 	HOST_SEL gs, LG_HOST_GS
-	cmpl	$0, LG_FSGSBASE(%rdi)
-	je	1f
-	mov	LG_HOST_FS_BASE(%rdi), %rax
-	wrfsbase %rax
-	mov	LG_HOST_GS_BASE(%rdi), %rax
-	wrgsbase %rax
-	jmp	2f
-1:	WRMSR_FROM MSR_FS_BASE, LG_HOST_FS_BASE
-	WRMSR_FROM MSR_GS_BASE, LG_HOST_GS_BASE
-2:
+	WRITE_BASES LG_HOST_FS_BASE, LG_HOST_GS_BASE
 	/*
 	 * Back to the module's own text, where calls into the kernel reach:
 	 * an indirect jump that cannot be steered, the retpoline sequence
