@@ -62,31 +62,12 @@ fn getpid_cycles(n: u64) -> Result<f64, String> {
 /// pages of a new mapping (unmapped again afterwards).
 fn fault_cycles(pages: usize) -> Result<f64, String> {
     let len = pages * PAGE;
-    // SAFETY: a fresh private anonymous mapping; no existing memory is
-    // affected.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(format!("mmap of {len} bytes: {}", std::io::Error::last_os_error()));
-    }
-    let base = p.cast::<u8>();
+    let m = lguest_selftests::Mapping::anon(len).map_err(|e| format!("mmap of {len} bytes: {e}"))?;
     let start = rdtsc();
     for i in 0..pages {
-        // SAFETY: inside the mapping of `len` bytes made above.
-        unsafe { base.add(i * PAGE).write_volatile(1) };
+        m.put(i * PAGE, 1u8);
     }
-    let cycles = (rdtsc() - start) as f64 / pages as f64;
-    // SAFETY: the mapping made above, no longer used.
-    unsafe { libc::munmap(p, len) };
-    Ok(cycles)
+    Ok((rdtsc() - start) as f64 / pages as f64)
 }
 
 /// TSC cycles per fork + `FORK_PAGES` copy-on-write writes in the child +
