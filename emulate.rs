@@ -213,7 +213,7 @@ pub(crate) fn privileged(cx: &mut Ctx<'_>) -> Result<bool, Kill> {
     let Some((insn, len)) = decode(&code[..n]) else {
         return Ok(false);
     };
-    if cx.vcpu.user_mode && insn != Insn::Cpuid {
+    if cx.vcpu.cpu.user_mode && insn != Insn::Cpuid {
         return Ok(false);
     }
     let allowed = Switcher::get().map(|s| s.xsave_mask()).unwrap_or(0);

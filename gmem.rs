@@ -111,6 +111,8 @@ pub(crate) struct RunStats {
     pub(crate) shadow_pages: u64,
     pub(crate) fpu_entries: u64,
     pub(crate) global_flushes: u64,
+    pub(crate) direct_syscalls: u64,
+    pub(crate) direct_sysrets: u64,
 }
 
 /// A page used as a vCPU's run page, shared with the launcher (which may
@@ -164,6 +166,8 @@ impl HostPage {
             core::ptr::addr_of_mut!((*r).stat_shadow_pages).write_volatile(s.shadow_pages);
             core::ptr::addr_of_mut!((*r).stat_fpu_entries).write_volatile(s.fpu_entries);
             core::ptr::addr_of_mut!((*r).stat_global_flushes).write_volatile(s.global_flushes);
+            core::ptr::addr_of_mut!((*r).stat_direct_syscalls).write_volatile(s.direct_syscalls);
+            core::ptr::addr_of_mut!((*r).stat_direct_sysrets).write_volatile(s.direct_sysrets);
         }
     }
 }

@@ -174,7 +174,11 @@ fn dispatch(cx: &mut Ctx<'_>, a: &HcallArgs, in_ring: bool) -> Result<Option<Use
             if !uapi::guest_va_ok(a.arg1) {
                 return kill!("SET_SYSCALL: entry {:#x} is not a guest address", a.arg1);
             }
+            if a.arg2 & !uapi::LGUEST_SYSCALL_DIRECT != 0 {
+                return kill!("SET_SYSCALL: unknown flags {:#x}", a.arg2);
+            }
             cx.vcpu.syscall_entry = a.arg1;
+            cx.vcpu.syscall_direct = a.arg1 != 0 && a.arg2 & uapi::LGUEST_SYSCALL_DIRECT != 0;
             Ok(None)
         }
         uapi::LHCALL_SET_SEGMENT_BASE => set_segment_base(cx, a.arg1, a.arg2).map(|()| None),
@@ -204,21 +208,47 @@ fn user_mode_ready(cx: &Ctx<'_>, what: &str) -> Result<(), Kill> {
 }
 
 /// Enters guest user mode at `rip` with `rsp`, RAX `rax` and `rflags`
-/// (checked by the caller): virtual interrupts on, the user GS base, the
-/// user shadow table from the next entry on.
+/// (checked by the caller): the user GS base, the user shadow table from
+/// the next entry on. User mode always takes interrupts, whatever
+/// `irq_enabled` says; it is left 0, so that a direct system-call entry
+/// finds virtual interrupts off, as SYSCALL's mask leaves them.
 fn enter_user(cx: &mut Ctx<'_>, rax: u64, rip: u64, rflags: u64, rsp: u64) -> Result<(), Kill> {
-    // User mode runs with virtual interrupts on.
     let Some(ld) = cx.vcpu.lguest_data else {
         return kill!("user mode before LGUEST_INIT");
     };
-    ld.set_irq_enabled(cx.mem, true)?;
+    ld.set_irq_enabled(cx.mem, false)?;
     let v = &mut *cx.vcpu;
     v.cpu.regs.rax = rax;
     v.cpu.regs.rip = rip;
     v.cpu.regs.rsp = rsp;
     v.cpu.regs.rflags = GuestCpu::sanitize_flags(rflags);
-    v.cpu.toggle_gs();
-    v.user_mode = true;
+    v.cpu.set_mode(true);
+    Ok(())
+}
+
+/// `int $LGUEST_SYSRET_VECTOR` in guest kernel mode, where the switcher
+/// did not switch by itself (the direct system call not armed on this
+/// host, or a RIP it leaves to the host): the return to user mode with
+/// `sysretq`'s registers, RCX the user RIP, R11 the user RFLAGS, RSP the
+/// user RSP, every register unchanged; `irq_enabled` untouched.
+pub(crate) fn direct_sysret(cx: &mut Ctx<'_>) -> Result<(), Kill> {
+    // As the switcher's own switch: the guest's tables, and no look at a
+    // kernel stack until an event in user mode needs one.
+    if cx.shadows.guest_root().is_none() {
+        return kill!("the return to user mode before NEW_PGTABLE: user mode needs the guest's own page tables");
+    }
+    let r = cx.vcpu.cpu.regs;
+    if !GuestCpu::enterable(r.rcx, r.rsp) {
+        return kill!(
+            "the return to user mode: bad user rip {:#x} or rsp {:#x}",
+            r.rcx,
+            r.rsp
+        );
+    }
+    let cpu = &mut cx.vcpu.cpu;
+    cpu.regs.rip = r.rcx;
+    cpu.regs.rflags = GuestCpu::sanitize_flags(r.r11);
+    cpu.set_mode(true);
     Ok(())
 }
 

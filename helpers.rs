@@ -31,6 +31,7 @@ mod ffi {
         pub(super) fn lg_read_cr4() -> usize;
         pub(super) fn lg_read_cr3() -> usize;
         pub(super) fn lg_read_efer() -> usize;
+        pub(super) fn lg_read_lstar() -> usize;
         pub(super) fn lg_cpuid(leaf: u32, subleaf: u32, out: *mut u32);
         pub(super) fn lg_cpu_id() -> u32;
         pub(super) fn lg_page_offset_base() -> usize;
@@ -70,6 +71,7 @@ mod ffi {
         pub(super) static lguest_idt_stubs: u8;
         pub(super) static lguest_guest_entry: u8;
         pub(super) static lguest_host_resume: u8;
+        pub(super) static lguest_syscall: u8;
     }
 }
 
@@ -552,6 +554,18 @@ pub(crate) fn switcher_entry_points() -> (usize, usize) {
         core::ptr::addr_of!(ffi::lguest_guest_entry) as usize,
         core::ptr::addr_of!(ffi::lguest_host_resume) as usize,
     )
+}
+
+/// The module-text address of the switcher's SYSCALL entry
+/// (`lguest_syscall`, run from the alias).
+pub(crate) fn syscall_entry() -> usize {
+    core::ptr::addr_of!(ffi::lguest_syscall) as usize
+}
+
+/// This CPU's MSR_LSTAR: the host kernel's SYSCALL entry.
+pub(crate) fn read_lstar() -> u64 {
+    // SAFETY: LSTAR exists on every x86-64 CPU; reading it has no effects.
+    unsafe { ffi::lg_read_lstar() as u64 }
 }
 
 /// Whether SYSENTER exists in long mode on this CPU: it does on Intel

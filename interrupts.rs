@@ -115,7 +115,7 @@ fn deliver_syscall(cx: &mut Ctx<'_>) -> Result<bool, Kill> {
     const SYSCALL: [u8; 2] = [0x0f, 0x05];
     let v = &*cx.vcpu;
     let (entry, rip) = (v.syscall_entry, v.cpu.regs.rip);
-    if entry == 0 || !v.user_mode {
+    if entry == 0 || !v.cpu.user_mode {
         return Ok(false);
     }
     let mut insn = [0u8; 2];
@@ -123,6 +123,22 @@ fn deliver_syscall(cx: &mut Ctx<'_>) -> Result<bool, Kill> {
         return Ok(false);
     }
     let user_flags = GuestCpu::sanitize_flags(cx.vcpu.cpu.regs.rflags) | uapi::X86_EFLAGS_IF;
+    if cx.vcpu.syscall_direct {
+        // The native contract, as the switcher's direct switch makes it
+        // where it can: RSP untouched, nothing pushed, the kernel's GS
+        // base, no flag but IF.
+        let Some(ld) = cx.vcpu.lguest_data else {
+            return Ok(false);
+        };
+        ld.set_irq_enabled(cx.mem, false)?;
+        let cpu = &mut cx.vcpu.cpu;
+        cpu.set_mode(false);
+        cpu.regs.rip = entry;
+        cpu.regs.rcx = rip + 2;
+        cpu.regs.r11 = user_flags;
+        cpu.regs.rflags = GuestCpu::sanitize_flags(0);
+        return Ok(true);
+    }
     cx.vcpu.cpu.regs.rip = rip + 2;
     if !enter_kernel(cx, SYSCALL_EVENT, None, entry, true)? {
         return Ok(false);
@@ -130,6 +146,27 @@ fn deliver_syscall(cx: &mut Ctx<'_>) -> Result<bool, Kill> {
     let r = &mut cx.vcpu.cpu.regs;
     r.rcx = rip + 2;
     r.r11 = user_flags;
+    Ok(true)
+}
+
+/// A guest-kernel `syscall` at RIP (the host saw its #UD) of a kernel with
+/// a direct entry: a hypercall, as the switcher makes it where the direct
+/// system call is armed. RIP moves past it, RCX and R11 as the instruction
+/// leaves them. `Ok(false)`: not that (the #UD stands).
+pub(crate) fn syscall_hypercall(cx: &mut Ctx<'_>) -> Result<bool, Kill> {
+    const SYSCALL: [u8; 2] = [0x0f, 0x05];
+    if !cx.vcpu.syscall_direct || cx.vcpu.cpu.user_mode {
+        return Ok(false);
+    }
+    let rip = cx.vcpu.cpu.regs.rip;
+    let mut insn = [0u8; 2];
+    if cx.read_va(rip, &mut insn).is_err() || insn != SYSCALL {
+        return Ok(false);
+    }
+    let r = &mut cx.vcpu.cpu.regs;
+    r.rip = rip + 2;
+    r.rcx = rip + 2;
+    r.r11 = GuestCpu::sanitize_flags(r.rflags);
     Ok(true)
 }
 
@@ -149,7 +186,7 @@ fn enter_kernel(
     let Some(ld) = cx.vcpu.lguest_data else {
         return Ok(false);
     };
-    let user_mode = cx.vcpu.user_mode;
+    let user_mode = cx.vcpu.cpu.user_mode;
     let regs = cx.vcpu.cpu.regs;
     let (stack, flags) = if user_mode {
         // The guest's own sp0 if it keeps one in lguest_data (read once),
@@ -190,16 +227,17 @@ fn enter_kernel(
             "cannot deliver vector {vector}: the guest stack at {stack:#x} is not mapped in guest memory"
         );
     }
-    if user_mode {
-        cx.vcpu.cpu.toggle_gs();
-    }
-    cx.vcpu.user_mode = false;
+    cx.vcpu.cpu.set_mode(false);
     let r = &mut cx.vcpu.cpu.regs;
     r.rsp = new_rsp;
     r.rip = handler;
     r.rflags &= !X86_EFLAGS_TF;
     if interrupt {
         ld.set_irq_enabled(cx.mem, false)?;
+    } else if user_mode {
+        // A trap gate from user mode: on, as user mode was (whatever
+        // irq_enabled said there).
+        ld.set_irq_enabled(cx.mem, true)?;
     }
     ld.write_time(cx.mem)?;
     Ok(true)
@@ -252,7 +290,7 @@ pub(crate) fn hardware_trap(
     cr2: u64,
 ) -> Result<(), Kill> {
     const PF_USER: u64 = 4;
-    if vector == 14 && error & PF_USER == 0 && !cx.vcpu.user_mode {
+    if vector == 14 && error & PF_USER == 0 && !cx.vcpu.cpu.user_mode {
         if let Some(ld) = cx.vcpu.lguest_data {
             let rip = cx.vcpu.cpu.regs.rip;
             if rip == ld.noirq_iret(cx.mem)? && emulate_iret(cx)? {
@@ -272,10 +310,22 @@ pub(crate) fn hardware_trap(
             return Ok(());
         }
     }
-    // SYSCALL is off while a guest runs (it would enter the host): its #UD
-    // in user mode is the guest's system call.
+    // SYSCALL is off while a guest runs (it would enter the host) unless
+    // it enters the switcher's direct system call: its #UD in user mode
+    // is the guest's system call.
     if vector == 6 && deliver_syscall(cx)? {
         return Ok(());
+    }
+    // The direct return to user mode, where the switcher left it to the
+    // host; a gate of DPL 0 to anyone else (#GP at the instruction).
+    let sysret = uapi::LGUEST_SYSRET_VECTOR as u64;
+    if vector == sysret {
+        if cx.vcpu.syscall_direct && !cx.vcpu.cpu.user_mode {
+            return crate::hcall::direct_sysret(cx);
+        }
+        let rip = &mut cx.vcpu.cpu.regs.rip;
+        *rip = rip.wrapping_sub(2);
+        return reflect_trap(cx, 13, (sysret << 3) | 2, 0);
     }
     // The forced-emulation prefix: `cpuid` from the launcher's table.
     if vector == 6 && crate::emulate::forced(cx) {
@@ -353,7 +403,7 @@ pub(crate) fn maybe_deliver(cx: &mut Ctx<'_>) -> Result<(), Kill> {
     }
     // Guest user mode always takes interrupts; the kernel's virtual IF
     // and iret window are the kernel's.
-    if !cx.vcpu.user_mode {
+    if !cx.vcpu.cpu.user_mode {
         if cx.vcpu.cpu.regs.rip == ld.noirq_iret(cx.mem)? {
             return Ok(());
         }

@@ -108,6 +108,14 @@ unsigned long lg_read_efer(void)
 	return efer;
 }
 
+unsigned long lg_read_lstar(void)
+{
+	u64 lstar;
+
+	rdmsrq(MSR_LSTAR, lstar);
+	return lstar;
+}
+
 void lg_cpuid(unsigned int leaf, unsigned int subleaf, unsigned int out[4])
 {
 	cpuid_count(leaf, subleaf, &out[0], &out[1], &out[2], &out[3]);

@@ -31,6 +31,7 @@ void lg_schedule(void);
 unsigned long lg_read_cr4(void);
 unsigned long lg_read_cr3(void);
 unsigned long lg_read_efer(void);
+unsigned long lg_read_lstar(void);
 void lg_cpuid(unsigned int leaf, unsigned int subleaf, unsigned int out[4]);
 unsigned int lg_cpu_id(void);
 unsigned long lg_page_offset_base(void);

@@ -248,7 +248,7 @@ pub(crate) fn walk(mem: &GuestMemory, root: u64, va: u64) -> Result<Option<Walk>
 /// page, or says to reflect the fault with the error code the guest's own
 /// hardware would give (the U bit says whether it was in user mode).
 pub(crate) fn demand_page(cx: &mut Ctx<'_>, va: u64, error: u64) -> Result<Fault, Kill> {
-    let user_mode = cx.vcpu.user_mode;
+    let user_mode = cx.vcpu.cpu.user_mode;
     let write = error & PF_WRITE != 0;
     let fetch = error & PF_INSTR != 0;
     // The guest sees its own view: present only if its tables map the page.

@@ -416,6 +416,11 @@ impl Shadows {
         }
     }
 
+    /// Both tables of the current pair: the kernel view and the user view.
+    pub(crate) fn tables(&mut self) -> (&mut ShadowTable, &mut ShadowTable) {
+        (&mut self.current.kernel, &mut self.current.user)
+    }
+
     /// Maps the linear map's page `va` (guest-virtual = guest-physical) in
     /// the kernel view of the current pair, outside the budget (the linear
     /// map is built once, at creation).

@@ -35,7 +35,10 @@ use crate::{
     },
     helpers,
     irq::VcpuIrq,
-    shadow::ShadowTable,
+    shadow::{
+        ShadowTable,
+        Shadows, //
+    },
     uapi::{
         self,
         LguestRegs, //
@@ -108,6 +111,13 @@ const ALIAS_BLOCKS: u64 = 2 << 20;
 /// From one CPU's block to the next in the alias: the pages between them
 /// are never mapped.
 const BLOCK_STRIDE: u64 = 8 * 4096;
+/// Where each CPU's guest view maps that CPU's page 0 a second time, from
+/// the alias's start: `lguest_syscall` finds its block there with
+/// RIP-relative addressing alone. The text must end before it.
+const ALIAS_PAGE0: u64 = ALIAS_BLOCKS - 4096;
+/// The frame's vector of an exit the direct switch made only so that the
+/// host handles an NMI or #MC it recorded: nothing else to do.
+const VECTOR_NONE: u64 = 256;
 
 /// The alias's address: slot [`SWITCHER_SLOT`] of the top level, for a host
 /// with `levels`-level paging.
@@ -226,7 +236,26 @@ struct ExitPage {
     /// 1: the CPU has SYSENTER in long mode (every vendor but AMD and
     /// Hygon), and SYSENTER_CS must be 0 while the guest runs.
     sysenter: u32,
-    _pad: [u8; FRAME - 128],
+    /// 1: the direct system call is armed for this entry: LSTAR is
+    /// `lguest_syscall` while the guest runs, and the fields below up to
+    /// `gs_other` are valid.
+    direct: u32,
+    /// 1: the guest is in user mode (the switcher may change it).
+    user_mode: u32,
+    /// The guest kernel's system-call entry.
+    syscall_entry: u64,
+    /// The two modes' shadow roots, as CR3 values.
+    kernel_root: u64,
+    user_root: u64,
+    /// The GS base of the mode the guest is not in.
+    gs_other: u64,
+    scratch_rsp: u64,
+    scratch_rax: u64,
+    scratch_rdx: u64,
+    /// Direct switches made since run_once last looked (it clears them).
+    direct_syscalls: u64,
+    direct_sysrets: u64,
+    _pad: [u8; FRAME - 208],
     frame: [u64; 22],
 }
 
@@ -285,7 +314,10 @@ struct HostState {
     guest_entry: u64,
     /// `lguest_host_resume` in the module's text.
     host_resume: u64,
-    _pad: [u8; 4096 - 224],
+    /// The host's MSR_LSTAR, and `lguest_syscall` in the alias.
+    host_lstar: u64,
+    direct_lstar: u64,
+    _pad: [u8; 4096 - 240],
 }
 
 /// One CPU's block, as `switcher_64.S` sees it.
@@ -384,6 +416,17 @@ asm_offset! {
     "LG_INVPCID_DESC" => exit.invpcid_desc;
     "LG_FSGSBASE" => exit.fsgsbase;
     "LG_SYSENTER" => exit.sysenter;
+    "LG_DIRECT" => exit.direct;
+    "LG_USER_MODE" => exit.user_mode;
+    "LG_SYSCALL_ENTRY" => exit.syscall_entry;
+    "LG_KERNEL_ROOT" => exit.kernel_root;
+    "LG_USER_ROOT" => exit.user_root;
+    "LG_GS_OTHER" => exit.gs_other;
+    "LG_SCRATCH_RSP" => exit.scratch_rsp;
+    "LG_SCRATCH_RAX" => exit.scratch_rax;
+    "LG_SCRATCH_RDX" => exit.scratch_rdx;
+    "LG_DIRECT_SYSCALLS" => exit.direct_syscalls;
+    "LG_DIRECT_SYSRETS" => exit.direct_sysrets;
     "LG_FRAME" => exit.frame;
     "LG_GDT" => desc.gdt;
     "LG_IST_PAGE" => ist;
@@ -416,9 +459,19 @@ asm_offset! {
     "LG_HOST_PL3_SSP" => host.pl3_ssp;
     "LG_GUEST_ENTRY" => host.guest_entry;
     "LG_HOST_RESUME" => host.host_resume;
+    "LG_HOST_LSTAR" => host.host_lstar;
+    "LG_DIRECT_LSTAR" => host.direct_lstar;
 }
 
 const _: () = assert!(asm_define("LG_FRAME") + 22 * 8 == 4096);
+// The other numbers the switcher shares with this file and the ABI.
+const _: () = assert!(asm_define("LG_ALIAS_PAGE0") as u64 == ALIAS_PAGE0);
+const _: () = assert!(asm_define("LG_SYSRET_VECTOR") == uapi::LGUEST_SYSRET_VECTOR as usize);
+const _: () = assert!(asm_define("LG_VECTOR_NONE") as u64 == VECTOR_NONE);
+const _: () = assert!(asm_define("LG_RFLAGS_GUEST_MASK") as u64 == RFLAGS_GUEST_MASK);
+const _: () = assert!(asm_define("LG_GUEST_CS") as u64 == uapi::LGUEST_GUEST_CS);
+const _: () = assert!(asm_define("LG_GUEST_SS") as u64 == uapi::LGUEST_GUEST_SS);
+const _: () = assert!(asm_define("LG_HCALL_VECTOR") == uapi::LGUEST_TRAP_ENTRY as usize);
 
 /// Why a trip into the guest ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -506,13 +559,24 @@ pub(crate) struct GuestCpu {
     /// swaps the two at every switch between the modes (as Xen's
     /// `toggle_guest_mode`), so a guest kernel needs no `swapgs`.
     pub(crate) gs_other: u64,
+    /// The guest is in user mode: it runs on the user shadow table, and
+    /// the next interrupt or exception enters its kernel on its kernel
+    /// stack. The switcher's direct system call may change it.
+    pub(crate) user_mode: bool,
+    /// Switches the switcher made between the modes without an exit: user
+    /// `syscall`s to the direct entry, `LGUEST_SYSRET_VECTOR` returns.
+    pub(crate) direct_syscalls: u64,
+    pub(crate) direct_sysrets: u64,
 }
 
 impl GuestCpu {
-    /// Swaps the GS bases of the two modes: called when the guest moves
-    /// between guest kernel and guest user mode.
-    pub(crate) fn toggle_gs(&mut self) {
-        core::mem::swap(&mut self.gs_base, &mut self.gs_other);
+    /// Moves the guest to user mode (`user`) or kernel mode, swapping the
+    /// two modes' GS bases if that is a change.
+    pub(crate) fn set_mode(&mut self, user: bool) {
+        if self.user_mode != user {
+            core::mem::swap(&mut self.gs_base, &mut self.gs_other);
+            self.user_mode = user;
+        }
     }
 
     /// Clamps RFLAGS to what a guest may have.
@@ -544,6 +608,8 @@ impl CpuBlock {
         let at = |off: usize| addr + off as u64;
         self.host.guest_entry = entry.guest_entry;
         self.host.host_resume = entry.host_resume;
+        self.host.direct_lstar = entry.syscall;
+        self.host.host_lstar = entry.host_lstar;
         self.exit.self_ptr = addr;
         self.ist.self_ptr = addr;
         self.exit.verw_sel = KERNEL_DS;
@@ -580,8 +646,10 @@ impl CpuBlock {
             ..Tss::default()
         };
 
-        // IDT: every vector to its stub; int3, into and the hypercall vector
-        // may be raised from ring 3. Not 0x80, the guest's system-call
+        // IDT: every vector to its stub; int3, into, the hypercall vector
+        // and the direct return to user mode (whose stub sends it back to
+        // the host when it is not the guest kernel's to use) may be raised
+        // from ring 3. Not 0x80, the guest's system-call
         // vector: the host may use it for a device interrupt (without
         // IA32 emulation), so `int $0x80` comes as #GP (interrupts.rs).
         let stubs = entry.stubs;
@@ -592,7 +660,10 @@ impl CpuBlock {
                 8 | 18 => IST_MC,
                 _ => 0,
             };
-            let dpl3 = v == 3 || v == 4 || v == uapi::LGUEST_TRAP_ENTRY as usize;
+            let dpl3 = v == 3
+                || v == 4
+                || v == uapi::LGUEST_TRAP_ENTRY as usize
+                || v == uapi::LGUEST_SYSRET_VECTOR as usize;
             *gate = Gate::interrupt(stubs + 32 * v as u64, ist, if dpl3 { 3 } else { 0 });
         }
         self.host.guest_idtr = DescPtr {
@@ -620,11 +691,17 @@ struct HostFeatures {
 }
 
 /// The addresses a block records: where the switcher's code is entered
-/// (the alias's IDT stubs and entry, and the module-text resume point).
+/// (the alias's IDT stubs, entry and SYSCALL entry, and the module-text
+/// resume point), and the host's own SYSCALL entry.
 struct EntryPoints {
     stubs: u64,
     guest_entry: u64,
     host_resume: u64,
+    syscall: u64,
+    /// MSR_LSTAR, read once at load: Linux writes the same entry
+    /// (`entry_SYSCALL_64`) on every CPU, in `syscall_init`, and never
+    /// changes it (FRED hosts, which do not use it, are refused).
+    host_lstar: u64,
 }
 
 /// The per-CPU blocks: `BLOCK_PAGES` pages per possible CPU, mapped
@@ -727,6 +804,9 @@ pub(crate) struct Switcher {
     /// CR4.LASS is on: every ring-3 access to the upper half faults, so
     /// guests may not use it (the switcher does not toggle LASS yet).
     lass: bool,
+    /// CR4.FSGSBASE is on: the direct system call may be armed (it swaps
+    /// the GS bases with `rdgsbase`/`wrgsbase`).
+    fsgsbase: bool,
 }
 
 // SAFETY: Each block is used only by its own CPU with interrupts off; the
@@ -828,8 +908,8 @@ impl Switcher {
         let cet = helpers::user_shstk();
         let (start, end) = helpers::switcher_text();
         let (start, end) = (start as u64, end as u64);
-        if end - start > ALIAS_BLOCKS {
-            pr_err!("the switcher's text is larger than {:#x}\n", ALIAS_BLOCKS);
+        if end - start > ALIAS_PAGE0 {
+            pr_err!("the switcher's text is larger than {:#x}\n", ALIAS_PAGE0);
             return Err(EINVAL);
         }
         let in_alias = |va: usize| alias + (va as u64 - start);
@@ -838,6 +918,8 @@ impl Switcher {
             stubs: in_alias(helpers::idt_stubs()),
             guest_entry: in_alias(guest_entry),
             host_resume: host_resume as u64,
+            syscall: in_alias(helpers::syscall_entry()),
+            host_lstar: helpers::read_lstar(),
         };
         let features = HostFeatures {
             cet,
@@ -884,6 +966,9 @@ impl Switcher {
                 if p < GUEST_BLOCK_PAGES {
                     g.map(at, phys | block_pte, upper)?;
                 }
+                if p == 0 {
+                    g.map(alias + ALIAS_PAGE0, phys | block_pte, upper)?;
+                }
             }
             guest_views.push(g.top(SWITCHER_SLOT), GFP_KERNEL)?;
             guest_view_tables.push(g, GFP_KERNEL)?;
@@ -910,6 +995,7 @@ impl Switcher {
                 xsave_mask: helpers::fpu_xsave_mask(),
                 flush_by,
                 lass: cr4 & CR4_LASS != 0,
+                fsgsbase: features.fsgsbase,
             },
             GFP_KERNEL,
         )?;
@@ -1007,26 +1093,35 @@ impl Switcher {
         Ok(())
     }
 
-    /// Takes one trip into the guest and back. `irq` is the vCPU's
+    /// Takes one trip into the guest and back, on `shadows`' table of the
+    /// guest's mode. `irq` is the vCPU's
     /// interrupt state and `seen` its raise count when the run loop last
     /// looked for interrupts to deliver: if anything was raised since, the
     /// entry is abandoned (`Exit::Aborted`) so that the run loop looks again
-    /// rather than leaving the interrupt waiting for the next exit. With
-    /// `upper` (the guest has upper-half mappings) the host's global TLB
+    /// rather than leaving the interrupt waiting for the next exit. If the
+    /// guest has upper-half mappings the host's global TLB
     /// entries are flushed once the guest's CR3 is loaded.
+    ///
+    /// `direct_entry`, if not 0, is the guest kernel's direct system-call
+    /// entry (`LGUEST_SYSCALL_DIRECT`): where the host has FSGSBASE and the
+    /// guest runs on its own tables, the switcher then moves the guest
+    /// between its modes by itself, as many times as it likes before it
+    /// exits, and `vcpu`'s mode and GS bases come back as it left them.
     pub(crate) fn run_once(
         &self,
-        shadow: &mut ShadowTable,
+        shadows: &mut Shadows,
         vcpu: &mut GuestCpu,
+        direct_entry: u64,
         fpu: &mut GuestFpu,
         irq: &VcpuIrq,
         seen: u64,
-        upper: bool,
     ) -> Result<Exit> {
         let r = vcpu.regs;
         if !GuestCpu::enterable_rip(r.rip) {
             return Ok(Exit::BadState { rip: r.rip });
         }
+        let upper = shadows.upper();
+        let direct = direct_entry != 0 && self.fsgsbase && shadows.guest_root().is_some();
         let _irqs_off = helpers::IrqGuard::new();
         if irq.raised() != seen {
             return Ok(Exit::Aborted);
@@ -1048,7 +1143,12 @@ impl Switcher {
             );
             return Err(EIO);
         }
-        self.map_block(shadow, cpu)?;
+        // Both modes' tables map this CPU's block: the direct switch moves
+        // between them.
+        let (kernel, user) = shadows.tables();
+        self.map_block(kernel, cpu)?;
+        self.map_block(user, cpu)?;
+        let (kernel_root, user_root) = (kernel.root_phys(), user.root_phys());
         let block = self.blocks.base.wrapping_add(cpu);
         {
             // SAFETY: `block` is this CPU's block (in the vmap made in
@@ -1062,7 +1162,19 @@ impl Switcher {
             b.exit.mc_pending = 0;
             b.exit.r0_fault = 0;
             b.host.gdtr_rw.base = helpers::gdt_rw(cpu as u32) as u64;
-            b.host.guest_cr3 = shadow.root_phys();
+            b.host.guest_cr3 = if vcpu.user_mode {
+                user_root
+            } else {
+                kernel_root
+            };
+            b.exit.direct = direct as u32;
+            b.exit.user_mode = vcpu.user_mode as u32;
+            b.exit.syscall_entry = direct_entry;
+            b.exit.kernel_root = kernel_root;
+            b.exit.user_root = user_root;
+            b.exit.gs_other = vcpu.gs_other;
+            b.exit.direct_syscalls = 0;
+            b.exit.direct_sysrets = 0;
             b.host.guest_fs_base = vcpu.fs_base;
             b.host.guest_gs_base = vcpu.gs_base;
             b.host.guest_fpu = fpu.active as u32;
@@ -1147,7 +1259,13 @@ impl Switcher {
             r.rsp = f[slot::RSP];
             vcpu.fs_base = b.host.guest_fs_base;
             vcpu.gs_base = b.host.guest_gs_base;
+            if direct {
+                vcpu.user_mode = b.exit.user_mode != 0;
+                vcpu.gs_other = b.exit.gs_other;
+            }
         }
+        vcpu.direct_syscalls += b.exit.direct_syscalls;
+        vcpu.direct_sysrets += b.exit.direct_sysrets;
 
         // NMIs and machine checks are never dropped: whether they hit the
         // guest or the switcher, the host's own handler runs now.
@@ -1224,6 +1342,10 @@ impl Switcher {
             unsafe {
                 core::arch::asm!("mov dr6, {}", in(reg) 0xffff_0ff0u64, options(nomem, nostack))
             };
+        }
+        if vector == VECTOR_NONE {
+            // The direct switch exited only for what was recorded above.
+            return Ok(Exit::HostEvent);
         }
         if vector >= 32 && vector != uapi::LGUEST_TRAP_ENTRY as u64 {
             let idt = b.host.idtr.base;

@@ -99,6 +99,18 @@
 #define LG_INVPCID_DESC		104	/* 16 zero bytes: INVPCID's descriptor */
 #define LG_FSGSBASE		120	/* 1: FS/GS bases by RD/WR*BASE, not MSRs */
 #define LG_SYSENTER		124	/* 1: SYSENTER exists in long mode (SYSENTER_CS to switch) */
+/* The direct system call (lguest_syscall, lguest_sysret). */
+#define LG_DIRECT		128	/* 1: armed: LSTAR is lguest_syscall while the guest runs */
+#define LG_USER_MODE		132	/* 1: the guest is in user mode */
+#define LG_SYSCALL_ENTRY	136	/* the guest kernel's system-call entry */
+#define LG_KERNEL_ROOT		144	/* the kernel-mode shadow root (a CR3 value) */
+#define LG_USER_ROOT		152	/* the user-mode shadow root */
+#define LG_GS_OTHER		160	/* the GS base of the mode the guest is not in */
+#define LG_SCRATCH_RSP		168	/* the guest's RSP at its SYSCALL */
+#define LG_SCRATCH_RAX		176
+#define LG_SCRATCH_RDX		184
+#define LG_DIRECT_SYSCALLS	192	/* switches made, counted for the host */
+#define LG_DIRECT_SYSRETS	200
 /* The guest frame: 22 quadwords ending at the top of page 0. */
 #define LG_FRAME		3920
 #define LG_FRAME_SIZE		(22 * 8)
@@ -140,6 +152,31 @@
 #define LG_HOST_PL3_SSP		16584
 #define LG_GUEST_ENTRY		16592	/* lguest_guest_entry in the alias */
 #define LG_HOST_RESUME		16600	/* lguest_host_resume in the module's text */
+#define LG_HOST_LSTAR		16608	/* the host's MSR_LSTAR */
+#define LG_DIRECT_LSTAR		16616	/* lguest_syscall in the alias */
+
+/*
+ * Where the alias maps this CPU's page 0 a second time, from the alias's
+ * start (lguest_switcher_start there), in every CPU's guest view: SYSCALL
+ * finds its block there, RIP-relative, with neither a stack nor GS.
+ */
+#define LG_ALIAS_PAGE0		2093056
+/* The vector of the direct return to user mode (uapi LGUEST_SYSRET_VECTOR). */
+#define LG_SYSRET_VECTOR	27
+/* The frame's vector of an exit with nothing to report: the host resumes. */
+#define LG_VECTOR_NONE		256
+/* RFLAGS bits a guest keeps (switcher.rs RFLAGS_GUEST_MASK): CF PF AF ZF SF TF DF OF AC. */
+#define LG_RFLAGS_GUEST_MASK	265685
+#define LG_GUEST_CS		51
+#define LG_GUEST_SS		43
+#define LG_HCALL_VECTOR		31
+
+/* Page 0 at its fixed alias address (RIP-relative, from the alias's text). */
+#define P0_FIXED(field)		(lguest_switcher_start + LG_ALIAS_PAGE0 + (field))(%rip)
+/* Page 0's fields while RSP is the frame's vector slot (LG_FRAME + 15 * 8). */
+#define P0_V(field)		((field) - LG_FRAME - 15 * 8)(%rsp)
+/* ... and while RSP is the frame's RIP slot, ready for the iretq. */
+#define P0_R(field)		((field) - LG_FRAME - 17 * 8)(%rsp)
 
 /* INVPCID's type 2: every PCID, global entries included (asm/invpcid.h). */
 #define LG_INVPCID_ALL		2
@@ -285,10 +322,14 @@ SYM_FUNC_START(lguest_switch_to_guest)
 	RDMSR_TO MSR_GS_BASE, LG_HOST_GS_BASE
 2:
 	/*
-	 * EFER every time: it is not constant (kvm_amd sets EFER.SVME while
-	 * it has virtualization enabled on a CPU).
+	 * EFER every time it is switched (not with the direct system call,
+	 * which leaves SCE on): it is not constant (kvm_amd sets EFER.SVME
+	 * while it has virtualization enabled on a CPU).
 	 */
+	cmpl	$0, LG_DIRECT(%rdi)
+	jne	1f
 	RDMSR_TO MSR_EFER, LG_HOST_EFER
+1:
 	cmpl	$0, LG_SYSENTER(%rdi)
 	je	1f
 	RDMSR_TO MSR_IA32_SYSENTER_CS, LG_HOST_SYSENTER_CS
@@ -375,12 +416,21 @@ SYM_INNER_LABEL(lguest_entry_window, SYM_L_GLOBAL)
 	NULL_SEL fs, LG_HOST_FS
 	NULL_SEL gs, LG_HOST_GS
 	WRITE_BASES LG_GUEST_FS_BASE, LG_GUEST_GS_BASE
-	/* SYSCALL would enter the host's entry code: turn it off (#UD). */
-	mov	$MSR_EFER, %ecx
+	/*
+	 * SYSCALL would enter the host's entry code: point it at ours (the
+	 * direct system call), or turn it off (#UD). Not CSTAR: no 32-bit
+	 * code segment is in our GDT, so a guest never runs in compat mode.
+	 */
+	cmpl	$0, LG_DIRECT(%rdi)
+	je	1f
+	WRMSR_FROM MSR_LSTAR, LG_DIRECT_LSTAR
+	jmp	2f
+1:	mov	$MSR_EFER, %ecx
 	mov	LG_HOST_EFER(%rdi), %eax
 	mov	LG_HOST_EFER+4(%rdi), %edx
 	and	$~EFER_SCE, %eax
 	wrmsr
+2:
 	/*
 	 * SYSENTER with a null SYSENTER_CS raises #GP (where SYSENTER exists
 	 * in long mode at all: not on AMD or Hygon, where it raises #UD).
@@ -569,6 +619,141 @@ SYM_CODE_END(lguest_entry_abort)
 _ASM_NOKPROBE(lguest_entry_abort)
 
 /*
+ * The direct system call (Documentation/switcher.rst, "The direct system
+ * call"): LSTAR is this entry while a guest with a direct entry runs
+ * (LG_DIRECT). SYSCALL brings the CPU here in ring 0 with the guest's CR3
+ * and GS base, RSP still the guest's (nothing may be pushed on it), RCX
+ * the guest's next RIP, R11 its RFLAGS, and IF, TF, DF and AC clear (the
+ * host's MSR_SYSCALL_MASK). The first three instructions find this CPU's
+ * page 0 at its fixed alias address, RIP-relative (no register, stack or
+ * GS needed: nothing can fault), and move to the frame at its top, where
+ * a trap from the guest would have put its RIP, CS, RFLAGS, RSP and SS.
+ *
+ * From guest kernel mode SYSCALL is a hypercall: an exit like int $0x1f's.
+ * From guest user mode it is the switch to the guest kernel's entry, made
+ * here: the GS bases swapped, the kernel shadow's CR3, RIP the entry,
+ * RCX, R11 and RSP as SYSCALL left them, RFLAGS IF alone; back into the
+ * guest by lguest_direct_return's iretq.
+ */
+SYM_CODE_START(lguest_syscall)
+	UNWIND_HINT_UNDEFINED
+	ENDBR
+	movq	%rsp, P0_FIXED(LG_SCRATCH_RSP)
+	movq	P0_FIXED(LG_SELF), %rsp
+	leaq	(LG_FRAME + LG_FRAME_SIZE)(%rsp), %rsp
+	pushq	$LG_GUEST_SS
+	pushq	P0_FIXED(LG_SCRATCH_RSP)
+	pushq	%r11
+	pushq	$LG_GUEST_CS
+	pushq	%rcx
+	pushq	$0
+	pushq	$LG_HCALL_VECTOR
+	cmpl	$0, P0_V(LG_USER_MODE)
+	je	lguest_exit_common
+	movq	%rax, P0_V(LG_SCRATCH_RAX)
+	movq	%rdx, P0_V(LG_SCRATCH_RDX)
+	rdgsbase %rdx
+	movq	P0_V(LG_GS_OTHER), %rax
+	movq	%rdx, P0_V(LG_GS_OTHER)
+	wrgsbase %rax
+	movq	P0_V(LG_KERNEL_ROOT), %rax
+	movq	%rax, %cr3
+	movl	$0, P0_V(LG_USER_MODE)
+	movq	P0_V(LG_SYSCALL_ENTRY), %rax
+	movq	%rax, 16(%rsp)			/* RIP */
+	movq	$(X86_EFLAGS_IF | X86_EFLAGS_FIXED), 32(%rsp)	/* RFLAGS */
+	incq	P0_V(LG_DIRECT_SYSCALLS)
+	jmp	lguest_direct_return
+SYM_CODE_END(lguest_syscall)
+_ASM_NOKPROBE(lguest_syscall)
+
+/*
+ * int $LG_SYSRET_VECTOR (a DPL-3 gate): the guest kernel's return to user
+ * mode with sysretq's registers, RCX the user RIP, R11 the user RFLAGS, RSP
+ * (in the frame the CPU pushed on page 0) the user RSP. Switched here,
+ * where the direct system call is armed and the guest is in kernel mode
+ * and RCX is a lower-half guest address; the host does it (or turns it into
+ * a #GP, or kills the guest) otherwise.
+ */
+SYM_CODE_START_LOCAL(lguest_sysret)
+	UNWIND_HINT_UNDEFINED
+	testb	$3, 24(%rsp)
+	jz	lguest_switcher_fault
+	cmpl	$0, P0_V(LG_DIRECT)
+	je	lguest_exit_common
+	cmpl	$0, P0_V(LG_USER_MODE)
+	jne	lguest_exit_common
+	movq	%rax, P0_V(LG_SCRATCH_RAX)
+	/* RCX < GUEST_VA_END ((1 << 47) - 4096), with no 64-bit immediate. */
+	movq	%rcx, %rax
+	shrq	$PAGE_SHIFT, %rax
+	incq	%rax
+	shrq	$(47 - PAGE_SHIFT), %rax
+	jnz	.Lsysret_host
+	movq	%rdx, P0_V(LG_SCRATCH_RDX)
+	movq	%rcx, 16(%rsp)			/* RIP */
+	movl	%r11d, %eax
+	andl	$LG_RFLAGS_GUEST_MASK, %eax
+	orl	$(X86_EFLAGS_IF | X86_EFLAGS_FIXED), %eax
+	movq	%rax, 32(%rsp)			/* RFLAGS */
+	rdgsbase %rdx
+	movq	P0_V(LG_GS_OTHER), %rax
+	movq	%rdx, P0_V(LG_GS_OTHER)
+	wrgsbase %rax
+	movq	P0_V(LG_USER_ROOT), %rax
+	movq	%rax, %cr3
+	movl	$1, P0_V(LG_USER_MODE)
+	incq	P0_V(LG_DIRECT_SYSRETS)
+	jmp	lguest_direct_return
+.Lsysret_host:
+	movq	P0_V(LG_SCRATCH_RAX), %rax
+	jmp	lguest_exit_common
+SYM_CODE_END(lguest_sysret)
+_ASM_NOKPROBE(lguest_sysret)
+
+/*
+ * The direct switch's way back into the guest, RSP the frame's vector
+ * slot, RAX and RDX in their scratch slots. The window, from the check of
+ * the NMI and #MC records to the iretq, is the entry window's counterpart:
+ * an NMI or #MC in it is recorded and moves the interrupted RIP to
+ * lguest_direct_abort, which exits instead (the frame is the guest's new
+ * state, complete), so that neither waits in the guest for its next exit.
+ */
+SYM_CODE_START_LOCAL(lguest_direct_return)
+	UNWIND_HINT_UNDEFINED
+	movq	P0_V(LG_SCRATCH_RAX), %rax
+	movq	P0_V(LG_SCRATCH_RDX), %rdx
+	addq	$16, %rsp			/* vector and error code */
+SYM_INNER_LABEL(lguest_direct_window, SYM_L_GLOBAL)
+	ANNOTATE_NOENDBR
+	cmpq	$0, P0_R(LG_NMI_PENDING)
+	jne	lguest_direct_abort
+	cmpq	$0, P0_R(LG_MC_PENDING)
+	jne	lguest_direct_abort
+	/* The exit to ring 3's CPU buffer clearing, as at the entry's iretq. */
+	ALTERNATIVE "", __stringify(verw P0_R(LG_VERW_SEL)), X86_FEATURE_CLEAR_CPU_BUF
+	iretq
+SYM_INNER_LABEL(lguest_direct_window_end, SYM_L_GLOBAL)
+	ANNOTATE_NOENDBR
+SYM_CODE_END(lguest_direct_return)
+_ASM_NOKPROBE(lguest_direct_return)
+
+/*
+ * An NMI or #MC was recorded before the direct switch's iretq: exit with
+ * the frame as it is (the guest's state after the switch) and nothing else
+ * to report; the host handles what was recorded and enters again.
+ */
+SYM_CODE_START_LOCAL(lguest_direct_abort)
+	UNWIND_HINT_UNDEFINED
+	ENDBR
+	subq	$16, %rsp
+	movq	$LG_VECTOR_NONE, (%rsp)
+	movq	$0, 8(%rsp)
+	jmp	lguest_exit_common
+SYM_CODE_END(lguest_direct_abort)
+_ASM_NOKPROBE(lguest_direct_abort)
+
+/*
  * Puts the host back, CR3 first; %rdi is the block, RSP in page 0. With
  * %r15 set, %r12-%r14 hold the guest's CR2, FS base and GS base.
  */
@@ -668,7 +853,12 @@ SYM_CODE_START(lguest_host_resume)
 	andb	$~0x02, 5(%rax)
 	ltr	LG_HOST_TR(%rdi)
 	lgdt	LG_HOST_GDTR(%rdi)
+	cmpl	$0, LG_DIRECT(%rdi)
+	jne	4f
 	WRMSR_FROM MSR_EFER, LG_HOST_EFER
+	jmp	5f
+4:	WRMSR_FROM MSR_LSTAR, LG_HOST_LSTAR
+5:
 	cmpl	$0, LG_SYSENTER(%rdi)
 	je	1f
 	WRMSR_FROM MSR_IA32_SYSENTER_CS, LG_HOST_SYSENTER_CS
@@ -787,11 +977,22 @@ _ASM_NOKPROBE(\name)
 	mov	32(%rsp), %rax			/* interrupted RIP */
 	lea	lguest_entry_window(%rip), %rdi
 	cmp	%rdi, %rax
-	jb	.Lout\@
+	jb	.Ldirect\@
 	lea	lguest_entry_window_end(%rip), %rdi
 	cmp	%rdi, %rax
-	jae	.Lout\@
+	jae	.Ldirect\@
 	lea	lguest_entry_abort(%rip), %rax
+	mov	%rax, 32(%rsp)
+	jmp	.Lout\@
+	/* The direct switch's last steps: it exits instead of the iretq. */
+.Ldirect\@:
+	lea	lguest_direct_window(%rip), %rdi
+	cmp	%rdi, %rax
+	jb	.Lout\@
+	lea	lguest_direct_window_end(%rip), %rdi
+	cmp	%rdi, %rax
+	jae	.Lout\@
+	lea	lguest_direct_abort(%rip), %rax
 	mov	%rax, 32(%rsp)
 .Lout\@:
 .endm
@@ -849,6 +1050,8 @@ SYM_CODE_START(lguest_idt_stubs)
 	jmp	lguest_mc
 	.elseif vector == 8
 	jmp	lguest_switcher_fault
+	.elseif vector == LG_SYSRET_VECTOR
+	jmp	lguest_sysret
 	.else
 	jmp	lguest_exit_common
 	.endif

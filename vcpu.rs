@@ -76,15 +76,15 @@ pub(crate) struct Vcpu {
     pub(crate) linux_frames: bool,
     /// Next async ring entry to look at.
     pub(crate) next_hcall: usize,
-    /// The guest is in user mode: it runs on the user shadow table, and
-    /// the next interrupt or exception enters its kernel on `kernel_stack`.
-    pub(crate) user_mode: bool,
     /// The guest kernel's stack for entries from user mode
     /// (`LHCALL_SET_STACK`); 0 until set.
     pub(crate) kernel_stack: u64,
     /// The guest kernel's entry for user-mode `syscall`
     /// (`LHCALL_SET_SYSCALL`); 0: none, `syscall` is #UD.
     pub(crate) syscall_entry: u64,
+    /// The entry takes the direct contract (`LGUEST_SYSCALL_DIRECT`): the
+    /// switcher's fast paths are armed while the guest has its own tables.
+    pub(crate) syscall_direct: bool,
     /// The guest's XCR0 as its emulated `xsetbv` set it (the host's FPU
     /// mask until then); the CPU keeps the host's.
     pub(crate) xcr0: u64,
@@ -132,9 +132,9 @@ impl Vcpu {
             lguest_data: None,
             linux_frames: false,
             next_hcall: 0,
-            user_mode: false,
             kernel_stack: 0,
             syscall_entry: 0,
+            syscall_direct: false,
             xcr0,
             stat_exits: 0,
             stat_hypercalls: 0,
@@ -177,6 +177,8 @@ impl Vcpu {
             shadow_pages: self.stat_shadow_pages,
             fpu_entries: self.stat_fpu_entries,
             global_flushes: self.stat_global_flushes,
+            direct_syscalls: self.cpu.direct_syscalls,
+            direct_sysrets: self.cpu.direct_sysrets,
         }
     }
 

@@ -289,9 +289,20 @@ impl Vm {
             // Upper-half mappings meet the host's global TLB entries: the
             // entry flushes them.
             let upper = cx.shadows.upper();
-            let shadow = cx.shadows.table(vcpu.user_mode);
+            let direct = if vcpu.syscall_direct {
+                vcpu.syscall_entry
+            } else {
+                0
+            };
             let fpu_loaded = vcpu.fpu.active();
-            let exit = sw.run_once(shadow, &mut vcpu.cpu, &mut vcpu.fpu, &vcpu.irq, seen, upper)?;
+            let exit = sw.run_once(
+                cx.shadows,
+                &mut vcpu.cpu,
+                direct,
+                &mut vcpu.fpu,
+                &vcpu.irq,
+                seen,
+            )?;
             vcpu.stat_exits += 1;
             vcpu.stat_fpu_entries += fpu_loaded as u64;
             if upper
@@ -366,12 +377,15 @@ fn handle_trap(
     error: u64,
     cr2: u64,
 ) -> Result<Option<UserExit>, Kill> {
-    let hypercall = vector == uapi::LGUEST_TRAP_ENTRY as u64;
+    // `int $0x1f`, or a kernel's `syscall` with a direct entry on a host
+    // where the switcher does not take it (no FSGSBASE).
+    let hypercall = vector == uapi::LGUEST_TRAP_ENTRY as u64
+        || (vector == 6 && interrupts::syscall_hypercall(cx)?);
     // A page fault the guest itself caused (the hardware says user mode:
     // the guest always runs in ring 3) may just be the shadow table
     // catching up.
     let guest_pf = vector == 14 && error & 4 != 0;
-    if hypercall && cx.vcpu.user_mode {
+    if hypercall && cx.vcpu.cpu.user_mode {
         // Guest user mode may not make hypercalls: to the guest kernel this
         // is `int $0x1f` through a gate of DPL 0, a fault at the two-byte
         // instruction.

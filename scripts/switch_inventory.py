@@ -48,6 +48,7 @@ COSTS = {
     "popf": ((10, 20), "POPF in ring 0 [I]"),
     "iretq": ((150, 300), "IRET to ring 3 (~270 measured with its bookkeeping) [S]"),
     "exception": ((300, 450), "the guest's INT or exception into ring 0 (~440 with bookkeeping) [S]"),
+    "syscall": ((50, 100), "SYSCALL into ring 0, no stack or privilege-table work [I]"),
     "other": ((0.3, 1), "ordinary instructions [I]"),
 }
 
@@ -105,7 +106,8 @@ def load(ko):
 # The block's fields the switcher tests (offsets from switcher_64.S).
 FIELD = {
     "pkru_on": 16564, "cet_on": 16568, "guest_fpu": 16572, "flush_global": 100,
-    "fsgsbase": 120, "sysenter": 124,
+    "fsgsbase": 120, "sysenter": 124, "direct": 128, "user_mode": 132,
+    "nmi_pending": 16, "mc_pending": 24,
     "host_ldt": 16482, "host_ds": 16484, "host_es": 16486, "host_fs": 16488, "host_gs": 16490,
 }
 # The host as a launcher leaves it: no LDT, and the four data selectors
@@ -113,12 +115,16 @@ FIELD = {
 # host_selectors test sees it); the guest's selectors are null too.
 HOST = {"host_ldt": 0, "host_ds": 0, "host_es": 0, "host_fs": 0, "host_gs": 0}
 LG_GUEST_ENTRY, LG_HOST_RESUME = 16592, 16600
+# The frame's vector slot (LG_FRAME + 15 * 8), where the direct paths keep
+# RSP while they address page 0 relative to it.
+VECTOR_SLOT = 3920 + 15 * 8
 STUB_SIZE = 32
 
 
-def walk(syms, insn, fields, vector, from_guest=True):
+def walk(syms, insn, fields, vector, from_guest=True, exit_by=None):
     """The classes of the instructions one round trip executes (a dict of
-    counts), and the number of instructions."""
+    counts), and the number of instructions. The guest comes back by
+    `vector`'s stub, or by `exit_by` (a symbol, entered by SYSCALL)."""
     block = {FIELD[k]: v for k, v in fields.items()}
     order = sorted(insn)
     nxt_of = {a: b for a, b in zip(order, order[1:])}
@@ -126,6 +132,7 @@ def walk(syms, insn, fields, vector, from_guest=True):
     stack = ["caller"]
     regs = {}
     zf = None
+    rsp_adj = 0
     counts = {}
     n = 0
     in_guest_done = False
@@ -150,8 +157,13 @@ def walk(syms, insn, fields, vector, from_guest=True):
             if in_guest_done:
                 sys.exit("switch_inventory: a second iretq into the guest")
             in_guest_done = True
-            count("exception")
-            pc = syms["lguest_idt_stubs"] + STUB_SIZE * vector
+            if exit_by:
+                count("syscall")
+                pc = syms[exit_by]
+                rsp_adj = 0
+            else:
+                count("exception")
+                pc = syms["lguest_idt_stubs"] + STUB_SIZE * vector
             continue
         if op in ("callq", "call"):
             stack.append(nxt)
@@ -176,6 +188,24 @@ def walk(syms, insn, fields, vector, from_guest=True):
         if op.startswith("j"):
             sys.exit(f"switch_inventory: {pc:#x}: no model for {op} {args}")
         # What the branches depend on.
+        m_rsp = re.match(r"\$0x([0-9a-f]+), (-?0x[0-9a-f]+)\(%rsp\)$", args)
+        if op in ("cmpl", "cmpq") and m_rsp and not m_off:
+            # The direct paths' page-0 fields, relative to the vector slot.
+            off = VECTOR_SLOT + rsp_adj + int(m_rsp.group(2), 16)
+            if off not in block:
+                sys.exit(f"switch_inventory: {pc:#x}: a test of block offset {off} the walker does not know")
+            zf = block[off] == int(m_rsp.group(1), 16)
+            pc = nxt
+            continue
+        if op == "addq" and args == "$0x10, %rsp":
+            rsp_adj += 16
+        if op == "subq" and args == "$0x10, %rsp":
+            rsp_adj -= 16
+        if op == "shrq" and args == "$0x23, %rax":
+            # lguest_sysret's check of the user RIP: a lower-half one.
+            zf = True
+            pc = nxt
+            continue
         if op in ("cmpl", "cmpb", "cmpq", "cmpw") and m_off:
             off = int(m_off.group(2), 16)
             if off not in block:
@@ -211,6 +241,54 @@ def walk(syms, insn, fields, vector, from_guest=True):
             zf = None  # flags the walker does not track
         pc = nxt
     return counts, n
+
+
+def walk_direct(syms, insn, fields, start, entered_by):
+    """One direct switch: from `start` (SYSCALL's entry, or the stub of
+    the direct return's vector) to its iretq back into the guest; the
+    event that entered it (`entered_by`: syscall or exception) counted."""
+    block = {FIELD[k]: v for k, v in fields.items()}
+    order = sorted(insn)
+    nxt_of = {a: b for a, b in zip(order, order[1:])}
+    pc = start
+    counts = {entered_by: 1}
+    n, zf, rsp_adj = 0, None, 0
+    while True:
+        op, args = insn[pc]
+        nxt = nxt_of[pc]
+        n += 1
+        if n > 500:
+            sys.exit("switch_inventory: no end to the direct walk")
+        counts[klass(op, args)] = counts.get(klass(op, args), 0) + 1
+        if op == "iretq":
+            return counts, n
+        m_rsp = re.match(r"\$0x([0-9a-f]+), (-?0x[0-9a-f]+)\(%rsp\)$", args)
+        if op == "jmp":
+            pc = int(args.split()[0], 16)
+            continue
+        if op in ("je", "jne", "jz", "jnz"):
+            if zf is None:
+                sys.exit(f"switch_inventory: {pc:#x}: {op} on flags the walker does not know")
+            taken = zf if op in ("je", "jz") else not zf
+            pc = int(args.split()[0], 16) if taken else nxt
+            zf = None
+            continue
+        if op.startswith("j") or op in ("callq", "call", "retq", "ret"):
+            sys.exit(f"switch_inventory: {pc:#x}: no model for {op} {args} in a direct path")
+        if op in ("cmpl", "cmpq") and m_rsp:
+            off = VECTOR_SLOT + rsp_adj + int(m_rsp.group(2), 16)
+            if off not in block:
+                sys.exit(f"switch_inventory: {pc:#x}: a test of block offset {off} the walker does not know")
+            zf = block[off] == int(m_rsp.group(1), 16)
+        elif op == "testb" and args == "$0x3, 0x18(%rsp)":
+            zf = False  # from the guest
+        elif op == "shrq" and args == "$0x23, %rax":
+            zf = True  # a lower-half user RIP
+        elif op == "addq" and args == "$0x10, %rsp":
+            rsp_adj += 16
+        elif re.match(r"(sub|add|and|or|xor|test|cmp|dec|inc|shr)", op):
+            zf = None
+        pc = nxt
 
 
 def weighted(counts):
@@ -287,7 +365,7 @@ def main():
     for name, what, fields, vector in paths:
         # An Intel host with FSGSBASE (Linux turns it on where the CPU has
         # it, since 5.9), without protection keys or user shadow stacks.
-        f = {"pkru_on": 0, "cet_on": 0, "flush_global": 0, "fsgsbase": 1, "sysenter": 1, **HOST}
+        f = {"pkru_on": 0, "cet_on": 0, "flush_global": 0, "fsgsbase": 1, "sysenter": 1, "direct": 0, **HOST}
         f.update(fields)
         counts, n = walk(syms, insn, f, vector)
         if name == "hypercall":
@@ -301,6 +379,29 @@ def main():
         else:
             lo, hi = weighted(counts)
             print(f"bench: switch_executed_{name} {n} insns, weighted {lo:.0f}-{hi:.0f} cycles ({what})")
+    # The direct system call: the switcher's own moves between the guest's
+    # modes, without the world switch (Documentation/switcher.rst, "The
+    # direct system call"), and the kernel-mode SYSCALL, a hypercall.
+    base = {"pkru_on": 0, "cet_on": 0, "flush_global": 0, "fsgsbase": 1, "sysenter": 1, "direct": 1,
+            "nmi_pending": 0, "mc_pending": 0, **HOST}
+    sc, n1 = walk_direct(syms, insn, {**base, "user_mode": 1}, syms["lguest_syscall"], "syscall")
+    sr, n2 = walk_direct(syms, insn, {**base, "user_mode": 0}, syms["lguest_idt_stubs"] + STUB_SIZE * 0x1B, "exception")
+    both = {k: sc.get(k, 0) + sr.get(k, 0) for k in set(sc) | set(sr)}
+    for name, counts, n, what in [
+        ("direct_syscall", sc, n1, "a user syscall to the guest kernel's entry"),
+        ("direct_sysret", sr, n2, "int $0x1b back to user mode"),
+    ]:
+        lo, hi = weighted(counts)
+        print(f"bench: switch_executed_{name} {n} insns, weighted {lo:.0f}-{hi:.0f} cycles ({what})")
+    lo, hi = weighted(both)
+    print(f"bench: switch_weighted_direct_round_trip {lo:.0f}-{hi:.0f} cycles (the switcher's part of a guest null system call: "
+          f"{', '.join(f'{both[k]} {k}' for k in COSTS if k in both and k != 'other')})")
+    print(f"bench: switch_weighted_direct_round_trip_vs_getpid {lo / GETPID_CYCLES[1]:.1f}-{hi / GETPID_CYCLES[0]:.1f} ratio (to a no-PTI getpid)")
+    counts, n = walk(syms, insn, {**base, "guest_fpu": 1, "user_mode": 0}, 0x1F, exit_by="lguest_syscall")
+    lo, hi = weighted(counts)
+    print(f"bench: switch_executed_hypercall_syscall {n} insns, weighted {lo:.0f}-{hi:.0f} cycles "
+          f"(a hypercall by SYSCALL from a kernel with a direct entry: LSTAR switched instead of EFER)")
+    print(f"bench: switch_weighted_hypercall_syscall_vs_getpid {lo / GETPID_CYCLES[1]:.1f}-{hi / GETPID_CYCLES[0]:.1f} ratio")
     mitigations(sys.argv[1], syms)
 
 

@@ -444,8 +444,15 @@ pub struct LguestRun {
     /// guest had upper-half mappings; Documentation/switcher.rst, "Global
     /// pages").
     pub stat_global_flushes: u64,
+    /// Number of user-mode `syscall`s the switcher took straight to the
+    /// guest kernel's direct entry, without an exit
+    /// ([`LGUEST_SYSCALL_DIRECT`]).
+    pub stat_direct_syscalls: u64,
+    /// Number of returns to user mode by [`LGUEST_SYSRET_VECTOR`] the
+    /// switcher made without an exit.
+    pub stat_direct_sysrets: u64,
     /// Reserved for later exit data.
-    pub reserved: [u64; 7],
+    pub reserved: [u64; 5],
     /// For `LGUEST_EXIT_SHUTDOWN` and `LGUEST_EXIT_KILLED`: a NUL-terminated
     /// message (the guest's, or the host's reason for the kill).
     pub message: [u8; LGUEST_MESSAGE_LEN],
@@ -609,19 +616,23 @@ pub const LHCALL_SEND_INTERRUPTS: u64 = 19;
 /// (`LHCALL_NEW_PGTABLE`) and a kernel stack (`LHCALL_SET_STACK`).
 pub const LHCALL_IRET_USER: u64 = 20;
 /// Hypercall: the guest kernel's entry for the `syscall` instruction of
-/// guest user mode (arg 1; 0 removes it), like writing `MSR_LSTAR`. A
-/// user-mode `syscall` (`0f 05`) then enters the guest kernel as hardware
-/// would, through the host: RIP = the entry, RCX = the address after the
-/// instruction, R11 = the user RFLAGS, every other register as user mode
-/// left it; virtual interrupts off (as `MSR_SYSCALL_MASK` has IF) and TF
-/// clear. Unlike hardware, the host also switches to the kernel stack
-/// (`LHCALL_SET_STACK`) and pushes the user frame there, as for an
-/// interrupt from user mode (RIP after the instruction, CS
+/// guest user mode (arg 1; 0 removes it), like writing `MSR_LSTAR`, and
+/// how it is entered (arg 2: 0 or [`LGUEST_SYSCALL_DIRECT`]). A user-mode
+/// `syscall` (`0f 05`) then enters the guest kernel as hardware would: RIP
+/// = the entry, RCX = the address after the instruction, R11 = the user
+/// RFLAGS, every other register as user mode left it; virtual interrupts
+/// off (as `MSR_SYSCALL_MASK` has IF) and TF clear.
+///
+/// With arg 2 = 0 (through the host): the host also switches to the
+/// kernel stack (`LHCALL_SET_STACK`) and pushes the user frame there, as
+/// for an interrupt from user mode (RIP after the instruction, CS
 /// [`LGUEST_USER_CS`], RFLAGS, RSP, SS), so the entry needs no `swapgs`
 /// nor a stack of its own, and returns with [`LHCALL_IRET_USER`] like any
 /// other event. Without an entry, and from guest kernel mode always,
 /// `syscall` is #UD (the host leaves EFER.SCE clear while a guest runs).
-/// The entry must be below [`GUEST_VA_END`], or the guest is killed.
+///
+/// With [`LGUEST_SYSCALL_DIRECT`], see there. The entry must be below
+/// [`GUEST_VA_END`], and arg 2 a known flag, or the guest is killed.
 pub const LHCALL_SET_SYSCALL: u64 = 21;
 /// Hypercall: set a segment base (arg 1 says which: [`LGUEST_BASE_FS`],
 /// [`LGUEST_BASE_GS`], [`LGUEST_BASE_USER_GS`]; arg 2 the base, which
@@ -654,6 +665,43 @@ pub const LHCALL_IRET: u64 = 23;
 /// [`LGUEST_INIT_TLB_SHADOWS`] it is [`LHCALL_SET_PTE`] of that page:
 /// dropped in every root.
 pub const LHCALL_INVLPG: u64 = 24;
+/// [`LHCALL_SET_SYSCALL`] arg 2: the direct system call, the native
+/// contract, switched by the switcher without the host's run loop where it
+/// can (Documentation/switcher.rst, "The direct system call").
+///
+/// A user-mode `syscall` enters the entry with RSP still the user's and
+/// nothing pushed (the entry switches stacks itself, as a native kernel's
+/// does after `swapgs`), the kernel's GS base already in place (the host
+/// swaps the two modes' GS bases), RFLAGS with no flag but IF set, and
+/// `lguest_data.irq_enabled` as the kernel left it when it returned to
+/// user mode: a kernel must return to user mode with virtual interrupts
+/// off (the host treats user mode as interrupts-on whatever
+/// `irq_enabled` says, and [`LHCALL_IRET`], [`LHCALL_IRET_USER`] and a
+/// delivery to user mode leave it 0), so that its entry finds them off.
+/// The wall clock in `lguest_data` is not updated on the way.
+///
+/// The kernel returns with `int $`[`LGUEST_SYSRET_VECTOR`], and in guest
+/// kernel mode `syscall` is a hypercall: RAX the number, RDI, RSI, RDX,
+/// R10 the arguments, as with `int $0x1f`, except that RCX and R11 come
+/// back clobbered, as the instruction leaves them. The fast paths need a
+/// host with FSGSBASE (the GS bases move by `rdgsbase`/`wrgsbase`);
+/// elsewhere the host does the same through an exit, with the same
+/// result.
+pub const LGUEST_SYSCALL_DIRECT: u64 = 1;
+
+/// The vector of the return to user mode of a kernel that uses
+/// [`LGUEST_SYSCALL_DIRECT`]: `int $0x1b` in guest kernel mode, with
+/// `sysretq`'s register contract. RCX holds the user RIP, R11 the user
+/// RFLAGS (clamped as for `LGUEST_SET_REGS`; IF implied), RSP the user
+/// RSP, every other register the user's; they all arrive in user mode
+/// unchanged (RCX and R11 too, as `sysretq` leaves them). The switch is
+/// the switcher's, without an exit: the user shadow table and the user GS
+/// base, `irq_enabled` untouched. Needs what [`LHCALL_IRET_USER`] needs; a
+/// RIP the guest may not run at kills it. From guest user mode the vector
+/// is the #GP (error `0x1b << 3 | 2`) of a gate it may not use, as is any
+/// use from a kernel that did not register a direct entry.
+pub const LGUEST_SYSRET_VECTOR: u8 = 0x1B;
+
 /// [`LHCALL_SET_SEGMENT_BASE`]: the FS base (both modes).
 pub const LGUEST_BASE_FS: u64 = 0;
 /// [`LHCALL_SET_SEGMENT_BASE`]: the GS base of guest kernel mode (the one

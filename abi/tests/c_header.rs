@@ -81,6 +81,8 @@ fn rust_side() -> BTreeMap<&'static str, u64> {
         ("LGUEST_INIT_LINUX_FRAMES", abi::LGUEST_INIT_LINUX_FRAMES),
         ("LGUEST_INIT_TLB_SHADOWS", abi::LGUEST_INIT_TLB_SHADOWS),
         ("LGUEST_SYSCALL_VECTOR", abi::LGUEST_SYSCALL_VECTOR as u64),
+        ("LGUEST_SYSRET_VECTOR", abi::LGUEST_SYSRET_VECTOR as u64),
+        ("LGUEST_SYSCALL_DIRECT", abi::LGUEST_SYSCALL_DIRECT),
         ("LHCALL_RING_SIZE", abi::LHCALL_RING_SIZE as u64),
         ("LHCALL_STATUS_DONE", abi::LHCALL_STATUS_DONE as u64),
         ("X86_EFLAGS_IF", abi::X86_EFLAGS_IF),
@@ -176,6 +178,8 @@ fn rust_layout() -> BTreeMap<String, u64> {
             stat_shadow_pages,
             stat_fpu_entries,
             stat_global_flushes,
+            stat_direct_syscalls,
+            stat_direct_sysrets,
             reserved,
             message
         ]
@@ -258,6 +262,8 @@ const STRUCTS: &[(&str, &[&str])] = &[
             "stat_shadow_pages",
             "stat_fpu_entries",
             "stat_global_flushes",
+            "stat_direct_syscalls",
+            "stat_direct_sysrets",
             "reserved",
             "message",
         ],

@@ -292,6 +292,11 @@ pub struct RunStats {
     pub exits: u64,
     /// Hypercalls since the vCPU was created.
     pub hypercalls: u64,
+    /// User-mode `syscall`s the switcher took to the guest kernel without
+    /// an exit, and returns to user mode it made so
+    /// ([`abi::LGUEST_SYSCALL_DIRECT`]).
+    pub direct_syscalls: u64,
+    pub direct_sysrets: u64,
 }
 
 /// A mapped run page ([`abi::LguestRun`]) of one vCPU; unmapped on drop.
@@ -376,6 +381,8 @@ impl RunPage {
             RunStats {
                 exits: ptr::read_volatile(&raw const (*p).stat_exits),
                 hypercalls: ptr::read_volatile(&raw const (*p).stat_hypercalls),
+                direct_syscalls: ptr::read_volatile(&raw const (*p).stat_direct_syscalls),
+                direct_sysrets: ptr::read_volatile(&raw const (*p).stat_direct_sysrets),
             }
         }
     }
@@ -428,6 +435,8 @@ impl RunPage {
             ptr::write_volatile(&raw mut (*p).message, exit.message);
             ptr::write_volatile(&raw mut (*p).stat_exits, stats.exits);
             ptr::write_volatile(&raw mut (*p).stat_hypercalls, stats.hypercalls);
+            ptr::write_volatile(&raw mut (*p).stat_direct_syscalls, stats.direct_syscalls);
+            ptr::write_volatile(&raw mut (*p).stat_direct_sysrets, stats.direct_sysrets);
         }
     }
 }
@@ -457,9 +466,10 @@ mod tests {
         exit.notify_arg = 7;
         exit.shutdown_reason = abi::LGUEST_SHUTDOWN_CRASH;
         exit.message[..5].copy_from_slice(b"oops\0");
-        page.fake_exit(&exit, RunStats { exits: 3, hypercalls: 2 });
+        let stats = RunStats { exits: 3, hypercalls: 2, direct_syscalls: 5, direct_sysrets: 4 };
+        page.fake_exit(&exit, stats);
         assert_eq!(page.exit(), exit);
-        assert_eq!(page.stats(), RunStats { exits: 3, hypercalls: 2 });
+        assert_eq!(page.stats(), stats);
     }
 
     #[test]

@@ -557,9 +557,11 @@ fn report(format: StatsFormat, page: &RunPage, bus: &Bus<'_>) -> String {
     let run = page.stats();
     match format {
         StatsFormat::Text => format!(
-            "vm: {} exits, {} hypercalls, {} device interrupts, {} stray notifications ({} warnings suppressed)\n{}",
+            "vm: {} exits, {} hypercalls, {} direct syscalls, {} direct sysrets, {} device interrupts, {} stray notifications ({} warnings suppressed)\n{}",
             run.exits,
             run.hypercalls,
+            run.direct_syscalls,
+            run.direct_sysrets,
             bus.interrupts(),
             exit::STRAY_NOTIFY.count(),
             exit::STRAY_NOTIFY.suppressed(),
@@ -570,6 +572,8 @@ fn report(format: StatsFormat, page: &RunPage, bus: &Bus<'_>) -> String {
                 "vm": {
                     "exits": run.exits,
                     "hypercalls": run.hypercalls,
+                    "direct_syscalls": run.direct_syscalls,
+                    "direct_sysrets": run.direct_sysrets,
                     "device_interrupts": bus.interrupts(),
                     "stray_notifications": exit::STRAY_NOTIFY.count(),
                     "stray_notifications_suppressed": exit::STRAY_NOTIFY.suppressed(),
@@ -727,6 +731,8 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(json.trim()).expect("valid JSON");
         assert_eq!(v["vm"]["exits"], 0);
         assert_eq!(v["vm"]["hypercalls"], 0);
+        assert_eq!(v["vm"]["direct_syscalls"], 0);
+        assert_eq!(v["vm"]["direct_sysrets"], 0);
         assert_eq!(v["vm"]["device_interrupts"], 0);
         // A global count (other tests may add to it): present and a number.
         assert!(v["vm"]["stray_notifications"].as_u64() >= v["vm"]["stray_notifications_suppressed"].as_u64());
@@ -738,7 +744,7 @@ mod tests {
         assert_eq!(v["devices"][0]["queues"][0]["kicks"], 0);
         let text = report(StatsFormat::Text, &page, &bus);
         assert!(
-            text.starts_with("vm: 0 exits, 0 hypercalls, 0 device interrupts, ")
+            text.starts_with("vm: 0 exits, 0 hypercalls, 0 direct syscalls, 0 direct sysrets, 0 device interrupts, ")
                 && text.lines().next().is_some_and(|l| l.contains(" stray notifications ("))
                 && text.contains("rng (irq 1)")
                 && text

@@ -126,7 +126,7 @@ use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use lguest_abi::{
     LguestData, LguestIretUser, LGUEST_GUEST_CS, LGUEST_GUEST_SS, LGUEST_IRQS, LGUEST_KERNEL_CS, LGUEST_KERNEL_SS,
-    LGUEST_USER_CS, LHCALL_IRET, LHCALL_IRET_USER, LHCALL_LOAD_IDT_ENTRY, X86_EFLAGS_IF,
+    LGUEST_SYSRET_VECTOR, LGUEST_USER_CS, LHCALL_IRET, LHCALL_IRET_USER, LHCALL_LOAD_IDT_ENTRY, X86_EFLAGS_IF,
 };
 
 use crate::data;
@@ -387,7 +387,26 @@ global_asm!(
     ".globl lguest_user_return",
     ".type lguest_user_return, @function",
     "lguest_user_return:",
+    // The direct return where it restores the frame exactly: with a direct
+    // system-call entry registered, and RCX = RIP, R11 = RFLAGS in the
+    // frame (a `syscall`'s, unless the handler changed them), every
+    // register is popped, RSP becomes the user's and `int $0x1b` leaves,
+    // virtual interrupts off for the next entry (the direct contract).
+    "    cmpb $0, {direct}(%rip)",
+    "    je 1f",
     "    movq {off_rip}(%rsp), %rax",
+    "    cmpq %rax, {off_rcx}(%rsp)",
+    "    jne 1f",
+    "    movq {off_rflags}(%rsp), %rax",
+    "    cmpq %rax, {off_r11}(%rsp)",
+    "    jne 1f",
+    "    movq $0, {lguest_data}+{off_irq_enabled}(%rip)",
+    "    lguest_pop_regs",
+    "    popq %rax",
+    "    movq {sysret_rsp}(%rsp), %rsp",
+    "    int ${sysret}",
+    "    ud2",
+    "1:  movq {off_rip}(%rsp), %rax",
     "    movq %rax, {off_error}(%rsp)",
     "    movq {off_rflags}(%rsp), %rax",
     "    movq %rax, {off_rip}(%rsp)",
@@ -423,6 +442,11 @@ global_asm!(
     off_cs = const offset_of!(TrapFrame, cs),
     off_rsp = const offset_of!(TrapFrame, rsp),
     off_rax = const offset_of!(TrapFrame, rax),
+    off_rcx = const offset_of!(TrapFrame, rcx),
+    off_r11 = const offset_of!(TrapFrame, r11),
+    sysret_rsp = const offset_of!(TrapFrame, rsp) - offset_of!(TrapFrame, vector),
+    sysret = const LGUEST_SYSRET_VECTOR,
+    direct = sym DIRECT_RETURN,
     user_cs = const LGUEST_USER_CS,
     iret_user = const LHCALL_IRET_USER,
     iret = const LHCALL_IRET,
@@ -433,6 +457,14 @@ global_asm!(
     lguest_data = sym data::LGUEST_DATA,
     options(att_syntax),
 );
+
+/// A direct system-call entry is registered: `lguest_user_return` may leave
+/// with `int $LGUEST_SYSRET_VECTOR` ([`crate::user::set_syscall_direct`]).
+static DIRECT_RETURN: AtomicBool = AtomicBool::new(false);
+
+pub(crate) fn set_direct_return(on: bool) {
+    DIRECT_RETURN.store(on, Ordering::Relaxed);
+}
 
 /// Frames with Linux's selectors, left with `LHCALL_IRET` (the library
 /// word `linuxframes`, given to the host at `LHCALL_LGUEST_INIT`). Read by

@@ -58,8 +58,8 @@ use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 pub use lguest_abi::{LGUEST_BASE_FS, LGUEST_BASE_GS, LGUEST_BASE_USER_GS};
 use lguest_abi::{
-    LGUEST_SYSCALL_VECTOR, LGUEST_USER_CS, LHCALL_IRET_USER, LHCALL_LOAD_IDT_ENTRY, LHCALL_SET_SEGMENT_BASE,
-    LHCALL_SET_STACK, LHCALL_SET_SYSCALL,
+    LGUEST_GUEST_SS, LGUEST_SYSCALL_DIRECT, LGUEST_SYSCALL_VECTOR, LGUEST_USER_CS, LHCALL_IRET_USER,
+    LHCALL_LOAD_IDT_ENTRY, LHCALL_SET_SEGMENT_BASE, LHCALL_SET_STACK, LHCALL_SET_SYSCALL,
 };
 
 use crate::cell::GuestCell;
@@ -247,6 +247,9 @@ static COUNTER: AtomicU64 = AtomicU64::new(0);
 struct KernelStack([u8; KERNEL_STACK_SIZE]);
 static KERNEL_STACK: GuestCell<KernelStack> = GuestCell::new(KernelStack([0; KERNEL_STACK_SIZE]));
 
+/// The user RSP at a direct `syscall`, while its entry switches stacks.
+static DIRECT_USER_RSP: AtomicU64 = AtomicU64::new(0);
+
 /// The kernel context [`run`] saved: its stack pointer (0: not in [`run`]).
 static KERNEL_RSP: AtomicU64 = AtomicU64::new(0);
 /// How the program ended, for [`run`] (written by [`exit`]).
@@ -353,6 +356,27 @@ global_asm!(
     "    movq %rbx, %rsp",
     "    jmp lguest_user_return",
     ".size lguest_syscall_entry, . - lguest_syscall_entry",
+    "",
+    // `lguest_syscall_direct`: the `syscall` entry of LGUEST_SYSCALL_DIRECT,
+    // entered with the user's RSP, RCX and R11 as the instruction leaves
+    // them and virtual interrupts off. It takes the kernel stack (always
+    // empty when user mode calls) and pushes the frame the host would have
+    // pushed for `int $0x80` from user mode, then joins that entry; the
+    // return path sees RCX = RIP and R11 = RFLAGS and goes back with
+    // `int $LGUEST_SYSRET_VECTOR` (interrupts.rs).
+    ".balign 16",
+    ".globl lguest_syscall_direct",
+    ".type lguest_syscall_direct, @function",
+    "lguest_syscall_direct:",
+    "    movq %rsp, {user_rsp}(%rip)",
+    "    leaq {stack}+{stack_size}(%rip), %rsp",
+    "    pushq ${user_ss}",
+    "    pushq {user_rsp}(%rip)",
+    "    pushq %r11",
+    "    pushq ${user_cs}",
+    "    pushq %rcx",
+    "    jmp lguest_syscall_entry",
+    ".size lguest_syscall_direct, . - lguest_syscall_direct",
     ".popsection",
     rax = const offset_of!(UserRegs, rax),
     rbx = const offset_of!(UserRegs, rbx),
@@ -375,6 +399,11 @@ global_asm!(
     iret_user = const LHCALL_IRET_USER,
     vector = const LGUEST_SYSCALL_VECTOR,
     dispatch = sym syscall_dispatch,
+    user_rsp = sym DIRECT_USER_RSP,
+    stack = sym KERNEL_STACK,
+    stack_size = const KERNEL_STACK_SIZE,
+    user_ss = const LGUEST_GUEST_SS,
+    user_cs = const LGUEST_USER_CS,
     options(att_syntax),
 );
 
@@ -382,6 +411,7 @@ extern "C" {
     fn lguest_user_enter(regs: *const UserRegs, saved_rsp: *mut u64);
     fn lguest_user_leave(rsp: u64) -> !;
     static lguest_syscall_entry: u8;
+    static lguest_syscall_direct: u8;
 }
 
 /// Why [`init`] failed.
@@ -422,8 +452,28 @@ pub fn init() -> Result<(), Error> {
 /// registers it.
 pub fn set_syscall_entry(on: bool) {
     let entry = if on { ptr::addr_of!(lguest_syscall_entry) as u64 } else { 0 };
+    interrupts::set_direct_return(false);
     // SAFETY: the entry is our code, which does not move.
     unsafe { hcall(LHCALL_SET_SYSCALL, entry, 0, 0, 0) };
+}
+
+/// Registers the direct `syscall` entry ([`LGUEST_SYSCALL_DIRECT`]): the
+/// switcher enters it without an exit, with the user's RSP, and system
+/// calls go back to user mode with `int $LGUEST_SYSRET_VECTOR`, also
+/// without an exit (where the host has FSGSBASE; through the host
+/// elsewhere). The registers are the same as with [`set_syscall_entry`].
+/// Not with Linux frames (the entry pushes the library's own user frame);
+/// there it registers the ordinary entry.
+pub fn set_syscall_direct() {
+    if interrupts::linux_frames() {
+        set_syscall_entry(true);
+        return;
+    }
+    let entry = ptr::addr_of!(lguest_syscall_direct) as u64;
+    interrupts::set_direct_return(true);
+    // SAFETY: the entry is our code, which does not move; it keeps the
+    // direct contract (it switches to the kernel stack before it pushes).
+    unsafe { hcall(LHCALL_SET_SYSCALL, entry, LGUEST_SYSCALL_DIRECT, 0, 0) };
 }
 
 /// Sets a segment base with `LHCALL_SET_SEGMENT_BASE`: `which` is

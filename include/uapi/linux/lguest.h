@@ -66,7 +66,9 @@ struct lguest_run {
 	__u64 stat_shadow_pages;
 	__u64 stat_fpu_entries;	/* entries with the guest's FPU state loaded */
 	__u64 stat_global_flushes;	/* entries that flushed the host's global TLB entries */
-	__u64 reserved[7];
+	__u64 stat_direct_syscalls;	/* user syscalls switched to the kernel without an exit */
+	__u64 stat_direct_sysrets;	/* LGUEST_SYSRET_VECTOR returns without an exit */
+	__u64 reserved[5];
 	__u8 message[LGUEST_MESSAGE_LEN];	/* NUL-terminated */
 };
 
@@ -144,6 +146,8 @@ struct lguest_cpuid {
 #define LGUEST_INIT_LINUX_FRAMES	1	/* LHCALL_LGUEST_INIT flag */
 #define LGUEST_INIT_TLB_SHADOWS		2	/* LHCALL_LGUEST_INIT flag */
 #define LGUEST_SYSCALL_VECTOR	0x80
+#define LGUEST_SYSRET_VECTOR	0x1b	/* direct return to user mode (sysretq's registers) */
+#define LGUEST_SYSCALL_DIRECT	1	/* LHCALL_SET_SYSCALL arg 2 */
 
 #define LHCALL_FLUSH_ASYNC	0
 #define LHCALL_LGUEST_INIT	1

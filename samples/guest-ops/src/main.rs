@@ -10,7 +10,8 @@
 //! Actions (see [`usage`]):
 //!
 //! - `hello`, `args`, `crash`, `badcall`, `badiret`, `spin`, `hcalls N`,
-//!   `irqtoggle N`;
+//!   `irqtoggle N`, `setsyscall ENTRY FLAGS` (hex: `LHCALL_SET_SYSCALL`),
+//!   `sysret` (a direct entry, then its return on the linear map);
 //! - `data`, `paravirt`, `hcall-halt`, `hcall-halt-blocked`: the shared
 //!   page and the paravirt ops;
 //! - one instruction each, with no handlers installed: `cli`, `sti`, `hlt`,
@@ -49,6 +50,8 @@ fn main(args: Args) -> ! {
         "crash" => panic!("deliberate crash"),
         "badcall" => badcall(),
         "badiret" => badiret(),
+        "setsyscall" => setsyscall(parse_addr(action, arg), parse_addr(action, words.next())),
+        "sysret" => sysret(),
         "spin" => spin(),
         "hcalls" => hcalls(arg),
         "irqtoggle" => irqtoggle(arg),
@@ -80,6 +83,7 @@ fn main(args: Args) -> ! {
 fn usage() {
     println!("guest-ops: usage: guest-ops ACTION [ARG]");
     println!("guest-ops:   hello | args | crash | badcall | badiret | spin | hcalls N | irqtoggle N");
+    println!("guest-ops:   setsyscall ENTRY FLAGS (hex) | sysret");
     println!("guest-ops:   data | paravirt | hcall-halt | hcall-halt-blocked");
     println!("guest-ops:   readswitcher ADDR | writeswitcher ADDR  (ADDR in hex)");
     println!("guest-ops:   {}", insn::Names);
@@ -143,6 +147,37 @@ fn badiret() -> ! {
         );
     }
     poweroff_fmt(format_args!("guest-ops: badiret: survived"))
+}
+
+/// `LHCALL_SET_SYSCALL(entry, flags)`; the host kills the guest for a bad
+/// entry or unknown flags.
+fn setsyscall(entry: u64, flags: u64) -> ! {
+    println!("guest-ops: setsyscall: entry {entry:#x} flags {flags:#x}");
+    // SAFETY: registering an entry changes only what a user-mode `syscall`
+    // does, and this guest never runs user mode.
+    unsafe { hcall(lguest_guest::abi::LHCALL_SET_SYSCALL, entry, flags, 0, 0) };
+    poweroff_fmt(format_args!("guest-ops: setsyscall: survived"))
+}
+
+/// A direct system-call entry (this function), then the direct return to
+/// user mode while the guest still runs on the host's linear map: user
+/// mode needs the guest's own tables, so the host must kill the guest.
+fn sysret() -> ! {
+    println!("guest-ops: sysret: int $0x1b on the linear map");
+    let entry = sysret as fn() -> ! as usize as u64;
+    // SAFETY: as in `setsyscall`; the `int` must not come back (if it did,
+    // only RCX and R11, given as inputs, were involved).
+    unsafe {
+        hcall(
+            lguest_guest::abi::LHCALL_SET_SYSCALL,
+            entry,
+            lguest_guest::abi::LGUEST_SYSCALL_DIRECT,
+            0,
+            0,
+        );
+        core::arch::asm!("int 0x1b", in("rcx") 0x40_0000u64, in("r11") 0x202u64);
+    }
+    poweroff_fmt(format_args!("guest-ops: sysret: survived"))
 }
 
 fn spin() -> ! {

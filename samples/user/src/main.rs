@@ -34,6 +34,12 @@
 //!    `int3`, `ud2`, a division by zero, a jump to kernel code) must each
 //!    be killed with the vector, error code and RIP of x86 hardware.
 //!
+//! With the word `direct` the kernel registers the direct system-call
+//! entry (`LGUEST_SYSCALL_DIRECT`): every `syscall` above then goes
+//! straight to it and back through the switcher, a 50 us timer interrupts
+//! the 100000-call program, and the kernel makes 100000 hypercalls with
+//! `syscall` itself, each checked like the user program's calls.
+//!
 //! The kernel then checks all of it and powers off with
 //! `user: done: N syscalls (1 write, 1000 getcounter), hypercall -> #GP
 //! error 0xfa, killed by #PF error 0x5 at ADDR` or crashes with what was
@@ -125,6 +131,10 @@ global_asm!(
     ".balign 16",
     ".globl user_exc_ud2",
     "user_exc_ud2: ud2",
+    ".balign 16",
+    ".globl user_exc_sysret",
+    "user_exc_sysret: int 0x1b",
+    "    ud2",
     ".balign 16",
     ".globl user_exc_div",
     "user_exc_div: xor ecx, ecx",
@@ -405,12 +415,96 @@ global_asm!(
     shutdown = const LHCALL_SHUTDOWN,
 );
 
+// `kernel_syscall_hcalls(n)`: n `LHCALL_SEND_INTERRUPTS` hypercalls by
+// `syscall` from kernel mode (the direct entry's), each checked: RCX = the
+// address after the instruction, R11 = RFLAGS before it, nine other
+// registers unchanged. Returns the number of calls that got anything
+// wrong. SysV ABI (callee-saved registers kept).
+global_asm!(
+    ".pushsection .text, \"ax\", @progbits",
+    ".balign 16",
+    ".globl kernel_syscall_hcalls",
+    "kernel_syscall_hcalls:",
+    "    push rbx",
+    "    push rbp",
+    "    push r12",
+    "    push r13",
+    "    push r14",
+    "    push r15",
+    "    mov r14, rdi",
+    "    xor r15d, r15d",
+    "2:  mov rbx, 0x1212121212121212",
+    "    mov rdx, 0x2323232323232323",
+    "    mov rsi, 0x3434343434343434",
+    "    mov rdi, 0x4545454545454545",
+    "    mov rbp, 0x5656565656565656",
+    "    mov r9, 0x7878787878787878",
+    "    mov r10, 0x8989898989898989",
+    "    mov r12, 0x9a9a9a9a9a9a9a9a",
+    "    mov r13, 0xabababababababab",
+    "    pushfq",
+    "    pop r8",
+    "    mov eax, {send_interrupts}",
+    "    syscall",
+    "3:  lea rax, [rip + 3b]",
+    "    cmp rcx, rax",
+    "    jne 4f",
+    "    cmp r11, r8",
+    "    jne 4f",
+    "    mov rax, 0x1212121212121212",
+    "    cmp rbx, rax",
+    "    jne 4f",
+    "    mov rax, 0x2323232323232323",
+    "    cmp rdx, rax",
+    "    jne 4f",
+    "    mov rax, 0x3434343434343434",
+    "    cmp rsi, rax",
+    "    jne 4f",
+    "    mov rax, 0x4545454545454545",
+    "    cmp rdi, rax",
+    "    jne 4f",
+    "    mov rax, 0x5656565656565656",
+    "    cmp rbp, rax",
+    "    jne 4f",
+    "    mov rax, 0x7878787878787878",
+    "    cmp r9, rax",
+    "    jne 4f",
+    "    mov rax, 0x8989898989898989",
+    "    cmp r10, rax",
+    "    jne 4f",
+    "    mov rax, 0x9a9a9a9a9a9a9a9a",
+    "    cmp r12, rax",
+    "    jne 4f",
+    "    mov rax, 0xabababababababab",
+    "    cmp r13, rax",
+    "    jne 4f",
+    "    jmp 5f",
+    "4:  inc r15",
+    "5:  dec r14",
+    "    jnz 2b",
+    "    mov rax, r15",
+    "    pop r15",
+    "    pop r14",
+    "    pop r13",
+    "    pop r12",
+    "    pop rbp",
+    "    pop rbx",
+    "    ret",
+    ".popsection",
+    send_interrupts = const lguest_guest::abi::LHCALL_SEND_INTERRUPTS,
+);
+
+/// Hypercalls the kernel makes with `syscall` in `direct` mode.
+const KERNEL_SYSCALL_HCALLS: u64 = 100_000;
+
 extern "C" {
+    fn kernel_syscall_hcalls(n: u64) -> u64;
     static user_exc_hlt: u8;
     static user_exc_cli: u8;
     static user_exc_noncanon: u8;
     static user_exc_int3: u8;
     static user_exc_ud2: u8;
+    static user_exc_sysret: u8;
     static user_exc_div: u8;
     static user_exc_exec_kernel: u8;
     static user_spin: u8;
@@ -659,6 +753,36 @@ fn main(args: Args) -> ! {
     if let Err(e) = user::init() {
         fail(format_args!("user::init: {e}"));
     }
+    let direct = args.iter().any(|w| w == "direct");
+    // `badsysret RIP` (hex): the direct return to a user RIP the guest may
+    // not run at; the host must kill the guest.
+    if args.first() == Some("badsysret") {
+        let rip = args.get(1).and_then(|w| u64::from_str_radix(w.trim_start_matches("0x"), 16).ok()).unwrap_or(0);
+        user::set_syscall_direct();
+        println!("user: badsysret: int $0x1b to {rip:#x}");
+        // SAFETY: the host must kill the guest here; if it returned to
+        // user mode instead, the guest would be gone anyway (nothing is
+        // mapped there for user mode), and the test fails on the output.
+        unsafe {
+            core::arch::asm!(
+                "int 0x1b",
+                in("rcx") rip,
+                in("r11") 0x202u64,
+            )
+        };
+        fail(format_args!("badsysret: came back"));
+    }
+    let set_entry = || {
+        if direct {
+            user::set_syscall_direct();
+        } else {
+            user::set_syscall_entry(true);
+        }
+    };
+    set_entry();
+    if direct {
+        println!("user: the direct system-call entry");
+    }
     user::set_fault_hook(Some(fault_hook));
 
     // The program's pages, read-only and executable for user mode.
@@ -691,7 +815,18 @@ fn main(args: Args) -> ! {
             if got != Exit::Exited(0) {
                 fail(format_args!("bench {what}: {got:x?}"));
             }
-            println!("user: bench: {n} {what} round trips in {cycles} TSC cycles");
+            let how = if direct && what == "syscall" { "direct syscall" } else { what };
+            println!("user: bench: {n} {how} round trips in {cycles} TSC cycles");
+        }
+        if direct {
+            let t0 = clock::rdtsc();
+            // SAFETY: as for the checked run below.
+            let bad = unsafe { kernel_syscall_hcalls(n) };
+            let cycles = clock::rdtsc() - t0;
+            if bad != 0 {
+                fail(format_args!("bench: {bad} hypercalls by syscall saw a wrong register"));
+            }
+            println!("user: bench: {n} syscall hypercall round trips in {cycles} TSC cycles");
         }
         poweroff_fmt(format_args!("user: bench done"))
     }
@@ -774,11 +909,22 @@ fn main(args: Args) -> ! {
 
     // The syscall instruction: through the host to our entry, RCX and R11
     // as hardware leaves them, the other registers intact.
+    // With the direct entry, the timer interrupts the calls too.
     let sc0 = user::syscalls();
     let sys = lguest_guest::virt_to_phys(addr_of!(user_syscalls));
     let mut regs = UserRegs::new(USER_CODE + (sys - start), USER_STACK_TOP);
     regs.rdi = SYSCALL_CALLS;
+    let ticks0 = clock::ticks();
+    if direct {
+        clock::set_callback(rearm);
+        clock::set_event(TIMER_NS);
+    }
     let got = user::run(&regs);
+    if direct {
+        clock::clear_callback();
+        clock::set_event(0);
+    }
+    let ticks = clock::ticks() - ticks0;
     let made = user::syscalls() - sc0;
     if got != Exit::Exited(0) {
         fail(format_args!("the syscall program ended with {got:x?} (Exited(n): n calls saw a wrong register)"));
@@ -788,6 +934,20 @@ fn main(args: Args) -> ! {
         fail(format_args!("the syscall program made {made} system calls, expected {}", SYSCALL_CALLS + 2));
     }
     println!("user: {SYSCALL_CALLS} syscall instructions: RCX, R11, RAX and 10 other registers right after each");
+    if direct {
+        if ticks == 0 {
+            fail(format_args!("no timer interrupt during {SYSCALL_CALLS} direct system calls"));
+        }
+        println!("user: {ticks} timer interrupts during the direct system calls");
+        // SAFETY: the function keeps the SysV ABI; its hypercalls
+        // (SEND_INTERRUPTS) change nothing but RCX, R11 and RAX, which it
+        // checks and does not return.
+        let bad = unsafe { kernel_syscall_hcalls(KERNEL_SYSCALL_HCALLS) };
+        if bad != 0 {
+            fail(format_args!("{bad} of {KERNEL_SYSCALL_HCALLS} hypercalls by syscall saw a wrong register"));
+        }
+        println!("user: {KERNEL_SYSCALL_HCALLS} hypercalls by syscall: RCX, R11 and 9 other registers right after each");
+    }
 
     // Segment bases: one GS base per mode, swapped by the host at each
     // switch; FS the same in both.
@@ -861,12 +1021,14 @@ fn main(args: Args) -> ! {
     // faults, after it for the int3 trap).
     user::set_fault_hook(None);
     let kernel_fn = crate::main as fn(Args) -> ! as usize as u64;
-    let cases: [(&str, u64, u64, u64, u64, u64); 7] = [
+    let sysret_gp = (u64::from(lguest_guest::abi::LGUEST_SYSRET_VECTOR) << 3) | 2;
+    let cases: [(&str, u64, u64, u64, u64, u64); 8] = [
         ("hlt", addr_of!(user_exc_hlt) as u64, 0, 13, 0, 0),
         ("cli", addr_of!(user_exc_cli) as u64, 0, 13, 0, 0),
         ("non-canonical read", addr_of!(user_exc_noncanon) as u64, 0, 13, 0, 10),
         ("int3", addr_of!(user_exc_int3) as u64, 0, 3, 0, 1),
         ("ud2", addr_of!(user_exc_ud2) as u64, 0, 6, 0, 0),
+        ("int $0x1b", addr_of!(user_exc_sysret) as u64, 0, 13, sysret_gp, 0),
         ("div by 0", addr_of!(user_exc_div) as u64, 0, 0, 0, 2),
         ("jump to kernel code", addr_of!(user_exc_exec_kernel) as u64, kernel_fn, 14, 0x15, u64::MAX),
     ];
@@ -883,12 +1045,12 @@ fn main(args: Args) -> ! {
             ));
         }
     }
-    println!("user: {} exceptions in user mode (hlt, cli, non-canonical, int3, ud2, #DE, fetch of kernel code) as hardware reports them", cases.len());
+    println!("user: {} exceptions in user mode (hlt, cli, non-canonical, int3, ud2, int $0x1b, #DE, fetch of kernel code) as hardware reports them", cases.len());
     // Without an entry, `syscall` is #UD at the instruction (EFER.SCE clear).
     user::set_syscall_entry(false);
     let va = USER_CODE + (lguest_guest::virt_to_phys(addr_of!(user_exc_syscall)) - start);
     let got = user::run(&UserRegs::new(va, USER_STACK_TOP));
-    user::set_syscall_entry(true);
+    set_entry();
     if !matches!(got, Exit::Killed { vector: 6, error: 0, rip, .. } if rip == va) {
         fail(format_args!("syscall without an entry: {got:x?}, expected #UD at {va:#x}"));
     }

@@ -69,24 +69,25 @@ fn hypercall_cycles(n: u64) -> Option<f64> {
     Some(cycles / n as f64)
 }
 
-/// A guest user-mode system call round trip in TSC cycles, with `syscall`
-/// (through the host's #UD bounce) and with `int $0x80`: `user bench N`.
-fn guest_syscall_cycles(n: u64) -> Option<(f64, f64)> {
+/// A guest user-mode system call round trip in TSC cycles, by `what`:
+/// `syscall` (through the host's #UD bounce) and `int80` from `user bench
+/// N`; `direct syscall` (the switcher's direct system call) and `syscall
+/// hypercall` (a kernel-mode `syscall`) from `user bench N direct`.
+fn guest_syscall_cycles(n: u64, what: &str) -> Option<f64> {
     let guests = guests();
-    let out = launcher()
-        .args(["run", "--memory", "16M", &format!("{guests}/user"), "bench", &n.to_string()])
-        .output()
-        .ok()?;
+    let mut args = vec!["run".to_string(), "--memory".into(), "16M".into(), format!("{guests}/user")];
+    args.extend(["bench".to_string(), n.to_string()]);
+    if what == "direct syscall" || what == "syscall hypercall" {
+        args.push("direct".into());
+    }
+    let out = launcher().args(&args).output().ok()?;
     if !out.status.success() {
         return None;
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    let cycles = |what: &str| -> Option<f64> {
-        let line = text.lines().find(|l| l.contains(&format!(" {what} round trips in ")))?;
-        let c: f64 = line.split_whitespace().rev().nth(2)?.parse().ok()?;
-        Some(c / n as f64)
-    };
-    Some((cycles("syscall")?, cycles("int80")?))
+    let line = text.lines().find(|l| l.contains(&format!(": {n} {what} round trips in ")))?;
+    let c: f64 = line.split_whitespace().rev().nth(2)?.parse().ok()?;
+    Some(c / n as f64)
 }
 
 /// Median interrupt delivery latency after re-enabling, in TSC cycles,
@@ -294,13 +295,31 @@ fn main() {
     // kernel's entry, then LHCALL_IRET_USER) and int $0x80 (a #GP exit).
     let sys_n = 20_000;
     let sys = r.figure("guest_syscall_round_trip", "cycles", " (syscall in guest user mode)", k, || {
-        guest_syscall_cycles(sys_n).map(|(s, _)| s)
+        guest_syscall_cycles(sys_n, "syscall")
     });
     let int80 = r.figure("guest_int80_round_trip", "cycles", " (int $0x80 in guest user mode)", k, || {
-        guest_syscall_cycles(sys_n).map(|(_, i)| i)
+        guest_syscall_cycles(sys_n, "int80")
     });
     if let (Some(s), Some(i), Some(g)) = (sys, int80, getpid) {
         println!("bench: guest_syscall_vs_getpid {:.2} ratio (of the medians; int $0x80 {:.2})", s / g, i / g);
+    }
+    // The same with the direct system call (no exit either way), and a
+    // kernel's hypercall by `syscall` against `int $0x1f`'s.
+    let direct = r.figure(
+        "guest_direct_syscall_round_trip",
+        "cycles",
+        " (syscall in guest user mode, the switcher's direct system call)",
+        k,
+        || guest_syscall_cycles(sys_n, "direct syscall"),
+    );
+    if let (Some(d), Some(g)) = (direct, getpid) {
+        println!("bench: guest_direct_syscall_vs_getpid {:.2} ratio (of the medians)", d / g);
+    }
+    let hsys = r.figure("hypercall_syscall_round_trip", "cycles", " (a hypercall by syscall from guest kernel mode)", k, || {
+        guest_syscall_cycles(sys_n, "syscall hypercall")
+    });
+    if let (Some(h), Some(g)) = (hsys, getpid) {
+        println!("bench: hypercall_syscall_vs_getpid {:.2} ratio (of the medians)", h / g);
     }
     let on = r.figure("irq_latency_with_check", "cycles", " (each sample a median of 20)", k, || {
         latency(false).map(|c| c as f64)

@@ -962,6 +962,107 @@ fn user_upper() -> TestResult {
     check_user_run(&o)
 }
 
+/// The direct system call (`user direct`, `LGUEST_SYSCALL_DIRECT`): the
+/// user sample passes as with the host's entry, its 100000 `syscall`s
+/// checked register by register while a 50 us timer interrupts them and
+/// SIGUSR1 (the launcher's dump, so RUN returns `EINTR` and is entered
+/// again) lands during them, and 100000 hypercalls by `syscall` from
+/// kernel mode, each checked. Where the host has FSGSBASE the switcher
+/// makes the user system calls without an exit: the run page counts at
+/// least 100000 switches each way, and fewer than 100000 exits that are
+/// not hypercalls (through the host each call costs two).
+fn user_direct_syscall() -> TestResult {
+    let g = guest("user");
+    let mut child = spawn_launcher(&["run", "--memory", "16M", "--stats=json", &g, "direct"])?;
+    let pid = child.child.id() as i32;
+    let start = Instant::now();
+    let text = |c: &Guest| std::fs::read_to_string(&c.out).unwrap_or_default();
+    while !text(&child).contains(" in user mode, 15 registers intact") && start.elapsed() < Duration::from_secs(300) {
+        if !matches!(child.child.try_wait(), Ok(None)) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut sent = 0;
+    while sent < 20 && !text(&child).contains("syscall instructions:") && matches!(child.child.try_wait(), Ok(None)) {
+        // SAFETY: kill(2) on our own child, not yet waited for.
+        unsafe { libc::kill(pid, libc::SIGUSR1) };
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = wait(child, Duration::from_secs(600))?;
+    check_user_run(&o)?;
+    check!(o.stdout.contains("user: the direct system-call entry"), "not the direct entry: {}", describe(&o));
+    check!(
+        o.stdout.contains("user: 100000 hypercalls by syscall: RCX, R11 and 9 other registers right after each"),
+        "no report of the hypercalls by syscall: {}",
+        describe(&o)
+    );
+    let ticks = o.stdout.lines().find(|l| l.ends_with(" timer interrupts during the direct system calls"));
+    check!(ticks.is_some(), "no timer interrupts during the system calls: {}", describe(&o));
+    let dumps = o.stderr.lines().filter(|l| l.starts_with("vcpu 0: ")).count();
+    check!(sent >= 1 && dumps >= 1, "{sent} SIGUSR1 sent during the system calls, {dumps} dumps");
+    let line = o.stderr.lines().rev().find(|l| l.starts_with('{')).unwrap_or_default();
+    let v: serde_json::Value = match serde_json::from_str(line) {
+        Ok(v) => v,
+        Err(e) => fail!("no JSON report ({e}): {}", describe(&o)),
+    };
+    let n = |key: &str| v["vm"][key].as_u64().unwrap_or(u64::MAX);
+    let (exits, hypercalls, syscalls, sysrets) =
+        (n("exits"), n("hypercalls"), n("direct_syscalls"), n("direct_sysrets"));
+    println!(
+        "# {} | {sent} SIGUSR1, {dumps} dumps | {exits} exits, {hypercalls} hypercalls, {syscalls} direct syscalls, {sysrets} direct sysrets",
+        ticks.unwrap_or("")
+    );
+    check!(hypercalls >= 100_000 && hypercalls != u64::MAX, "{hypercalls} hypercalls, want 100000 by syscall and more");
+    let fsgsbase = std::fs::read_to_string("/proc/cpuinfo").map(|s| s.contains(" fsgsbase")).unwrap_or(false);
+    if fsgsbase {
+        check!(
+            syscalls >= 100_000 && sysrets >= 100_000 && syscalls != u64::MAX && sysrets != u64::MAX,
+            "{syscalls} direct syscalls and {sysrets} direct sysrets, want 100000 or more each"
+        );
+        check!(
+            exits.saturating_sub(hypercalls) < 100_000,
+            "{exits} exits, {hypercalls} of them hypercalls: the system calls exited"
+        );
+    } else {
+        check!(syscalls == 0 && sysrets == 0, "{syscalls} direct syscalls, {sysrets} direct sysrets without FSGSBASE");
+        println!("# no FSGSBASE on this host: the system calls went through the host");
+    }
+    Ok(())
+}
+
+/// The direct system call's hostile cases: an entry that is not a guest
+/// address, unknown flags, the direct return before the guest has its own
+/// tables and to user RIPs it may not run at (the last page below 2^47,
+/// the first non-canonical address, the guard hole), each kills the guest
+/// with the reason; `int $0x1b` from user mode is the guest's #GP (in the
+/// user sample's exception cases).
+fn direct_syscall_hostile() -> TestResult {
+    let cases: [(&str, &[&str], &str); 6] = [
+        (
+            "guest-ops",
+            &["setsyscall", "ffff800000000000", "1"],
+            "SET_SYSCALL: entry 0xffff800000000000 is not a guest address",
+        ),
+        ("guest-ops", &["setsyscall", "400000", "2"], "SET_SYSCALL: unknown flags 0x2"),
+        ("guest-ops", &["sysret"], "the return to user mode before NEW_PGTABLE"),
+        ("user", &["badsysret", "7ffffffff000"], "the return to user mode: bad user rip 0x7ffffffff000"),
+        ("user", &["badsysret", "800000000000"], "the return to user mode: bad user rip 0x800000000000"),
+        ("user", &["badsysret", "ffff800000001000"], "the return to user mode: bad user rip 0xffff800000001000"),
+    ];
+    for (guest_name, args, reason) in cases {
+        let o = run(guest_name, args)?;
+        check_eq!(o.code, EXIT_KILLED, format!("{guest_name} {args:?}: exit status ({})", describe(&o)));
+        check!(
+            o.stderr.contains(&format!("guest killed by the host: {reason}")),
+            "{guest_name} {args:?}: no kill reason {reason:?}: {}",
+            describe(&o)
+        );
+    }
+    Ok(())
+}
+
 /// What `samples/user` must report, with either kind of frames.
 fn check_user_run(o: &Outcome) -> TestResult {
     check_eq!(o.code, 0, format!("exit status ({})", describe(o)));
@@ -1438,6 +1539,8 @@ fn main() -> ExitCode {
         ("stop_and_continue", stop_and_continue),
         ("bad_image", bad_image),
         ("user_mode", user_mode),
+        ("user_direct_syscall", user_direct_syscall),
+        ("direct_syscall_hostile", direct_syscall_hostile),
         ("user_upper", user_upper),
         ("user_tlb_shadows", user_tlb_shadows),
         ("linux_frames", linux_frames),
