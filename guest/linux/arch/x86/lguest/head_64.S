@@ -12,8 +12,10 @@
 #include <linux/elfnote.h>
 #include <linux/init.h>
 #include <linux/linkage.h>
+#include <asm/asm-offsets.h>
 #include <asm/ibt.h>
 #include <asm/nospec-branch.h>
+#include <asm/percpu.h>
 #include <asm/page_types.h>
 #include <asm/pgtable_types.h>
 #include <asm/pgtable_64_types.h>
@@ -23,6 +25,7 @@
 #include <../entry/calling.h>
 
 #define LGUEST_TRAP_ENTRY		0x1f
+#define LGUEST_SYSRET_VECTOR		0x1b
 #define LHCALL_LGUEST_INIT		1
 #define LHCALL_NEW_PGTABLE		4
 #define LHCALL_SEND_INTERRUPTS		19
@@ -195,22 +198,43 @@ SYM_CODE_START(lguest_restore_regs_and_return_to_usermode)
 SYM_CODE_END(lguest_restore_regs_and_return_to_usermode)
 
 /*
- * The system-call entry (LHCALL_SET_SYSCALL; lguest.rs registers it when
- * the kernel writes entry_SYSCALL_64 to MSR_LSTAR). The host enters it for
- * a user-mode syscall already on the kernel stack (kernel_sp0), with the
- * user's RIP, CS, RFLAGS, RSP and SS pushed as for an interrupt, RCX and
- * R11 as the instruction leaves them and the virtual IF off: where
- * entry_SYSCALL_64 is after its swapgs and stack switch, which ring 3
- * cannot do. As Xen PV's xen_entry_SYSCALL_64, it gives the frame the
- * selectors the kernel expects of a 64-bit system call.
+ * The system-call entry (LHCALL_SET_SYSCALL with LGUEST_SYSCALL_DIRECT;
+ * lguest.rs registers it when the kernel writes entry_SYSCALL_64 to
+ * MSR_LSTAR). The host's switcher enters it for a user-mode syscall
+ * without an exit, with RSP still the user's, RCX and R11 as the
+ * instruction leaves them, the kernel's GS base already in place (the host
+ * swaps the two modes' bases) and the virtual IF off: entry_SYSCALL_64
+ * after its swapgs. Its stack switch runs here as there (the guest has no
+ * PTI, so no CR3 switch), and the rest is entry_SYSCALL_64's own.
  */
 SYM_CODE_START(lguest_entry_SYSCALL_64)
 	UNWIND_HINT_ENTRY
 	ENDBR
-	movq	$__USER_DS, 4*8(%rsp)
-	movq	$__USER_CS, 1*8(%rsp)
-	jmp	entry_SYSCALL_64_after_hwframe
+	movq	%rsp, PER_CPU_VAR(cpu_tss_rw + TSS_sp2)
+	movq	PER_CPU_VAR(cpu_current_top_of_stack), %rsp
+	jmp	entry_SYSCALL_64_safe_stack
 SYM_CODE_END(lguest_entry_SYSCALL_64)
+
+/*
+ * The system call's return where do_syscall_64 allows sysretq (RCX == RIP
+ * and R11 == RFLAGS in pt_regs, a user RIP below TASK_SIZE_MAX, no TF or
+ * RF): the X86_FEATURE_LGUEST alternative at syscall_return_via_sysret.
+ * The host's direct return takes sysretq's registers, RCX the user RIP,
+ * R11 the user RFLAGS and RSP the user's, every other register the user's:
+ * all come back from pt_regs, RSP last, and int $LGUEST_SYSRET_VECTOR
+ * switches to user mode without an exit. The virtual IF is off, as the
+ * exit to user mode leaves it, which the next entry needs.
+ */
+SYM_CODE_START(lguest_sysret_to_usermode)
+	UNWIND_HINT_REGS
+	ANNOTATE_NOENDBR
+	POP_REGS
+	STACKLEAK_ERASE_NOCLOBBER
+	movq	4*8(%rsp), %rsp		/* pt_regs->sp, past orig_ax, ip, cs, flags */
+	UNWIND_HINT_END_OF_STACK
+	int	$LGUEST_SYSRET_VECTOR
+	ud2			/* the direct return does not come back */
+SYM_CODE_END(lguest_sysret_to_usermode)
 
 /* pv_ops.mmu.read_cr2: the host writes the fault address before it delivers a #PF. */
 SYM_FUNC_START(lguest_read_cr2)

@@ -43,6 +43,10 @@ const SHUTDOWN_POWEROFF: u64 = 1;
 const SHUTDOWN_RESTART: u64 = 2;
 const SHUTDOWN_CRASH: u64 = 3;
 
+/// `LHCALL_SET_SYSCALL` flag: the direct entry (the native contract, and
+/// the return by `int $LGUEST_SYSRET_VECTOR`).
+const SYSCALL_DIRECT: u64 = 1;
+
 /// `LHCALL_SET_SEGMENT_BASE` selectors.
 const BASE_FS: u64 = 0;
 const BASE_GS: u64 = 1;
@@ -323,15 +327,16 @@ fn write_msr(msr: u32, val: u64) -> bool {
         MSR_EFER => true,
         MSR_LSTAR => {
             KEPT[1].set(val);
-            // The native entry cannot run in ring 3 (swapgs, and the stack
-            // switch): the host enters lguest_entry_SYSCALL_64 instead,
-            // which joins it after those. Any other entry: syscall is #UD.
-            let entry = if val == bindings::entry_SYSCALL_64 as *const () as u64 {
-                lguest_entry_SYSCALL_64 as *const () as u64
+            // The native entry cannot run in ring 3 (swapgs): the host's
+            // switcher enters lguest_entry_SYSCALL_64 instead, directly
+            // (LGUEST_SYSCALL_DIRECT), which joins it after its swapgs.
+            // Any other entry: syscall is #UD.
+            let (entry, flags) = if val == bindings::entry_SYSCALL_64 as *const () as u64 {
+                (lguest_entry_SYSCALL_64 as *const () as u64, SYSCALL_DIRECT)
             } else {
-                0
+                (0, 0)
             };
-            hcall(lhcall::SET_SYSCALL, entry, 0, 0);
+            hcall(lhcall::SET_SYSCALL, entry, flags, 0);
             true
         }
         MSR_FS_BASE => base(&FS_BASE, BASE_FS),
