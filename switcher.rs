@@ -255,7 +255,12 @@ struct ExitPage {
     /// Direct switches made since run_once last looked (it clears them).
     direct_syscalls: u64,
     direct_sysrets: u64,
-    _pad: [u8; FRAME - 208],
+    /// 1: an interrupt waits for the guest kernel to turn virtual
+    /// interrupts on: its direct return to user mode goes through the
+    /// host, which delivers it there.
+    irq_waiting: u32,
+    _p1: u32,
+    _pad: [u8; FRAME - 216],
     frame: [u64; 22],
 }
 
@@ -427,6 +432,7 @@ asm_offset! {
     "LG_SCRATCH_RDX" => exit.scratch_rdx;
     "LG_DIRECT_SYSCALLS" => exit.direct_syscalls;
     "LG_DIRECT_SYSRETS" => exit.direct_sysrets;
+    "LG_IRQ_WAITING" => exit.irq_waiting;
     "LG_FRAME" => exit.frame;
     "LG_GDT" => desc.gdt;
     "LG_IST_PAGE" => ist;
@@ -1106,12 +1112,17 @@ impl Switcher {
     /// entry (`LGUEST_SYSCALL_DIRECT`): where the host has FSGSBASE and the
     /// guest runs on its own tables, the switcher then moves the guest
     /// between its modes by itself, as many times as it likes before it
-    /// exits, and `vcpu`'s mode and GS bases come back as it left them.
+    /// exits, and `vcpu`'s mode and GS bases come back as it left them;
+    /// except that with `irq_waiting` (an interrupt the guest kernel holds
+    /// back) it leaves the return to user mode to the host, which delivers
+    /// the interrupt there.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn run_once(
         &self,
         shadows: &mut Shadows,
         vcpu: &mut GuestCpu,
         direct_entry: u64,
+        irq_waiting: bool,
         fpu: &mut GuestFpu,
         irq: &VcpuIrq,
         seen: u64,
@@ -1175,6 +1186,7 @@ impl Switcher {
             b.exit.gs_other = vcpu.gs_other;
             b.exit.direct_syscalls = 0;
             b.exit.direct_sysrets = 0;
+            b.exit.irq_waiting = irq_waiting as u32;
             b.host.guest_fs_base = vcpu.fs_base;
             b.host.guest_gs_base = vcpu.gs_base;
             b.host.guest_fpu = fpu.active as u32;

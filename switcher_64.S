@@ -111,6 +111,7 @@
 #define LG_SCRATCH_RDX		184
 #define LG_DIRECT_SYSCALLS	192	/* switches made, counted for the host */
 #define LG_DIRECT_SYSRETS	200
+#define LG_IRQ_WAITING		208	/* 1: an interrupt waits for the guest to enable them */
 /* The guest frame: 22 quadwords ending at the top of page 0. */
 #define LG_FRAME		3920
 #define LG_FRAME_SIZE		(22 * 8)
@@ -671,9 +672,9 @@ _ASM_NOKPROBE(lguest_syscall)
  * int $LG_SYSRET_VECTOR (a DPL-3 gate): the guest kernel's return to user
  * mode with sysretq's registers, RCX the user RIP, R11 the user RFLAGS, RSP
  * (in the frame the CPU pushed on page 0) the user RSP. Switched here,
- * where the direct system call is armed and the guest is in kernel mode
- * and RCX is a lower-half guest address; the host does it (or turns it into
- * a #GP, or kills the guest) otherwise.
+ * where the direct system call is armed, the guest is in kernel mode, no
+ * interrupt waits for it and RCX is a lower-half guest address; the host
+ * does it (or turns it into a #GP, or kills the guest) otherwise.
  */
 SYM_CODE_START_LOCAL(lguest_sysret)
 	UNWIND_HINT_UNDEFINED
@@ -682,6 +683,13 @@ SYM_CODE_START_LOCAL(lguest_sysret)
 	cmpl	$0, P0_V(LG_DIRECT)
 	je	lguest_exit_common
 	cmpl	$0, P0_V(LG_USER_MODE)
+	jne	lguest_exit_common
+	/*
+	 * An interrupt the kernel held back (virtual IF off) is taken at
+	 * the return to user mode, which always takes them: the host
+	 * delivers it there.
+	 */
+	cmpl	$0, P0_V(LG_IRQ_WAITING)
 	jne	lguest_exit_common
 	movq	%rax, P0_V(LG_SCRATCH_RAX)
 	/* RCX < GUEST_VA_END ((1 << 47) - 4096), with no 64-bit immediate. */

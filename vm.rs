@@ -299,6 +299,7 @@ impl Vm {
                 cx.shadows,
                 &mut vcpu.cpu,
                 direct,
+                vcpu.irq_pending_set,
                 &mut vcpu.fpu,
                 &vcpu.irq,
                 seen,

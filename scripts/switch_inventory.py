@@ -107,7 +107,7 @@ def load(ko):
 FIELD = {
     "pkru_on": 16564, "cet_on": 16568, "guest_fpu": 16572, "flush_global": 100,
     "fsgsbase": 120, "sysenter": 124, "direct": 128, "user_mode": 132,
-    "nmi_pending": 16, "mc_pending": 24,
+    "nmi_pending": 16, "mc_pending": 24, "irq_waiting": 208,
     "host_ldt": 16482, "host_ds": 16484, "host_es": 16486, "host_fs": 16488, "host_gs": 16490,
 }
 # The host as a launcher leaves it: no LDT, and the four data selectors
@@ -383,7 +383,7 @@ def main():
     # modes, without the world switch (Documentation/switcher.rst, "The
     # direct system call"), and the kernel-mode SYSCALL, a hypercall.
     base = {"pkru_on": 0, "cet_on": 0, "flush_global": 0, "fsgsbase": 1, "sysenter": 1, "direct": 1,
-            "nmi_pending": 0, "mc_pending": 0, **HOST}
+            "nmi_pending": 0, "mc_pending": 0, "irq_waiting": 0, **HOST}
     sc, n1 = walk_direct(syms, insn, {**base, "user_mode": 1}, syms["lguest_syscall"], "syscall")
     sr, n2 = walk_direct(syms, insn, {**base, "user_mode": 0}, syms["lguest_idt_stubs"] + STUB_SIZE * 0x1B, "exception")
     both = {k: sc.get(k, 0) + sr.get(k, 0) for k in set(sc) | set(sr)}

@@ -38,7 +38,8 @@
 //! entry (`LGUEST_SYSCALL_DIRECT`): every `syscall` above then goes
 //! straight to it and back through the switcher, a 50 us timer interrupts
 //! the 100000-call program, and the kernel makes 100000 hypercalls with
-//! `syscall` itself, each checked like the user program's calls.
+//! `syscall` itself, each checked like the user program's calls, the timer
+//! interrupting those too. `calls=N` makes both counts N.
 //!
 //! The kernel then checks all of it and powers off with
 //! `user: done: N syscalls (1 write, 1000 getcounter), hypercall -> #GP
@@ -375,6 +376,18 @@ global_asm!(
     "    mov eax, {sys_exit}",
     "    int 0x80",
     "    ud2",
+    // The held interrupt: one SYS_HOLD `syscall` (the kernel arms the timer
+    // and spins past it with interrupts off), then count in R12 until the
+    // timer's handler ends the program. The tick must come before the
+    // first count: at the return to user mode.
+    ".balign 16",
+    ".globl user_hold",
+    "user_hold:",
+    "    xor r12d, r12d",
+    "    mov eax, {sys_hold}",
+    "    syscall",
+    "30: inc r12",
+    "    jmp 30b",
     // A `syscall` with no entry registered: #UD at the instruction.
     ".balign 16",
     ".globl user_exc_syscall",
@@ -411,6 +424,7 @@ global_asm!(
     loops = const COUNTER_CALLS - 1,
     tls_spin = const TLS_SPIN,
     sys_thread_exit = const SYS_THREAD_EXIT,
+    sys_hold = const SYS_HOLD,
     poweroff = const LGUEST_SHUTDOWN_POWEROFF,
     shutdown = const LHCALL_SHUTDOWN,
 );
@@ -494,11 +508,10 @@ global_asm!(
     send_interrupts = const lguest_guest::abi::LHCALL_SEND_INTERRUPTS,
 );
 
-/// Hypercalls the kernel makes with `syscall` in `direct` mode.
-const KERNEL_SYSCALL_HCALLS: u64 = 100_000;
 
 extern "C" {
     fn kernel_syscall_hcalls(n: u64) -> u64;
+    static user_hold: u8;
     static user_exc_hlt: u8;
     static user_exc_cli: u8;
     static user_exc_noncanon: u8;
@@ -607,7 +620,41 @@ fn fsgsbase() -> bool {
     cr4 & 1 << 16 != 0
 }
 
-/// `syscall`s the third program makes.
+/// The held-interrupt program's system calls: the defaults and `SYS_HOLD`.
+const SYS_HOLD: u64 = 3;
+static HOLD_SYSCALLS: [user::Syscall; 4] = [user::sys_exit, user::sys_write, user::sys_counter, sys_hold];
+/// How long `SYS_HOLD` spins, and the timer it arms: the timer fires while
+/// the kernel holds it back (virtual interrupts off).
+const HOLD_NS: u64 = 500_000;
+const HOLD_TIMER_NS: u64 = 20_000;
+/// What the held tick found in user mode: R12 (the count) and RIP, and
+/// the expected RIP (after the `syscall`).
+static HOLD_R12: AtomicU64 = AtomicU64::new(u64::MAX);
+static HOLD_RIP: AtomicU64 = AtomicU64::new(0);
+
+/// `SYS_HOLD`: arms the timer and spins past it in kernel mode, virtual
+/// interrupts off (the direct entry leaves them so).
+fn sys_hold(_frame: &mut TrapFrame) -> u64 {
+    clock::set_event(HOLD_TIMER_NS);
+    let t0 = clock::now_ns();
+    while clock::now_ns() - t0 < HOLD_NS {
+        core::hint::spin_loop();
+    }
+    0
+}
+
+/// IRQ 0 during the held-interrupt program: records where user mode was,
+/// and ends the program.
+fn hold_tick(frame: &mut TrapFrame) {
+    if frame.from_user() {
+        HOLD_R12.store(frame.r12, Ordering::Relaxed);
+        HOLD_RIP.store(frame.rip, Ordering::Relaxed);
+        user::exit(frame, Exit::Exited(0));
+    }
+}
+
+/// `syscall`s the third program makes, and hypercalls the kernel makes
+/// with `syscall` in `direct` mode, unless the word `calls=N` says.
 const SYSCALL_CALLS: u64 = 100_000;
 
 /// The spinner's iterations, and the timer period while it runs.
@@ -754,6 +801,11 @@ fn main(args: Args) -> ! {
         fail(format_args!("user::init: {e}"));
     }
     let direct = args.iter().any(|w| w == "direct");
+    let calls = args
+        .iter()
+        .find_map(|w| w.strip_prefix("calls=")?.parse::<u64>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(SYSCALL_CALLS);
     // `badsysret RIP` (hex): the direct return to a user RIP the guest may
     // not run at; the host must kill the guest.
     if args.first() == Some("badsysret") {
@@ -913,7 +965,7 @@ fn main(args: Args) -> ! {
     let sc0 = user::syscalls();
     let sys = lguest_guest::virt_to_phys(addr_of!(user_syscalls));
     let mut regs = UserRegs::new(USER_CODE + (sys - start), USER_STACK_TOP);
-    regs.rdi = SYSCALL_CALLS;
+    regs.rdi = calls;
     let ticks0 = clock::ticks();
     if direct {
         clock::set_callback(rearm);
@@ -930,23 +982,68 @@ fn main(args: Args) -> ! {
         fail(format_args!("the syscall program ended with {got:x?} (Exited(n): n calls saw a wrong register)"));
     }
     // Its own: one int $0x80 to start, the syscalls, the exit.
-    if made != SYSCALL_CALLS + 2 {
-        fail(format_args!("the syscall program made {made} system calls, expected {}", SYSCALL_CALLS + 2));
+    if made != calls + 2 {
+        fail(format_args!("the syscall program made {made} system calls, expected {}", calls + 2));
     }
-    println!("user: {SYSCALL_CALLS} syscall instructions: RCX, R11, RAX and 10 other registers right after each");
+    println!("user: {calls} syscall instructions: RCX, R11, RAX and 10 other registers right after each");
     if direct {
         if ticks == 0 {
-            fail(format_args!("no timer interrupt during {SYSCALL_CALLS} direct system calls"));
+            fail(format_args!("no timer interrupt during {calls} direct system calls"));
         }
         println!("user: {ticks} timer interrupts during the direct system calls");
+        // The kernel's own hypercalls by syscall, with the timer
+        // interrupting them (virtual interrupts on).
+        let ticks0 = clock::ticks();
+        clock::set_callback(rearm);
+        clock::set_event(TIMER_NS);
+        let flags = lguest_guest::paravirt::save_fl();
+        lguest_guest::paravirt::irq_enable();
         // SAFETY: the function keeps the SysV ABI; its hypercalls
         // (SEND_INTERRUPTS) change nothing but RCX, R11 and RAX, which it
-        // checks and does not return.
-        let bad = unsafe { kernel_syscall_hcalls(KERNEL_SYSCALL_HCALLS) };
+        // checks and does not return; an interrupt returns with every
+        // register as it was.
+        let bad = unsafe { kernel_syscall_hcalls(calls) };
+        // Stopped with interrupts still on: a tick raised before the
+        // cancel is taken by the time it returns (it is an exit).
+        clock::clear_callback();
+        clock::set_event(0);
+        lguest_guest::paravirt::restore_fl(flags);
+        let ticks = clock::ticks() - ticks0;
         if bad != 0 {
-            fail(format_args!("{bad} of {KERNEL_SYSCALL_HCALLS} hypercalls by syscall saw a wrong register"));
+            fail(format_args!("{bad} of {calls} hypercalls by syscall saw a wrong register"));
         }
-        println!("user: {KERNEL_SYSCALL_HCALLS} hypercalls by syscall: RCX, R11 and 9 other registers right after each");
+        if ticks == 0 {
+            fail(format_args!("no timer interrupt during {calls} hypercalls by syscall"));
+        }
+        println!(
+            "user: {calls} hypercalls by syscall: RCX, R11 and 9 other registers right after each, {ticks} timer interrupts among them"
+        );
+        // An interrupt the kernel held back during a system call is taken
+        // at the return to user mode, before the first user instruction
+        // (the switcher leaves that return to the host), not at some later
+        // exit.
+        user::set_syscalls(&HOLD_SYSCALLS);
+        if let Err(e) = interrupts::set_irq_handler(0, hold_tick) {
+            fail(format_args!("IRQ 0 handler: {e}"));
+        }
+        let hold = USER_CODE + (lguest_guest::virt_to_phys(addr_of!(user_hold)) - start);
+        for round in 0..5 {
+            HOLD_R12.store(u64::MAX, Ordering::Relaxed);
+            HOLD_RIP.store(0, Ordering::Relaxed);
+            let got = user::run(&UserRegs::new(hold, USER_STACK_TOP));
+            let (r12, rip) = (HOLD_R12.load(Ordering::Relaxed), HOLD_RIP.load(Ordering::Relaxed));
+            if got != Exit::Exited(0) || r12 != 0 || rip != hold + 10 {
+                fail(format_args!(
+                    "held interrupt, round {round}: {got:x?}, taken at rip {rip:#x} after {r12} counts (want {:#x}, 0)",
+                    hold + 10
+                ));
+            }
+        }
+        user::set_syscalls(&user::DEFAULT_SYSCALLS);
+        if let Err(e) = clock::init() {
+            fail(format_args!("clock: {e}"));
+        }
+        println!("user: a timer interrupt held back in a system call: taken at the return, before the first user instruction (5 of 5)");
     }
 
     // Segment bases: one GS base per mode, swapped by the host at each
