@@ -112,14 +112,9 @@ pub(crate) fn deliver(cx: &mut Ctx<'_>, vector: u64, error: u64) -> Result<bool,
 /// kernel at its `LHCALL_SET_SYSCALL` entry as described there.
 /// `Ok(false)`: no entry, or not `syscall` at RIP (the #UD stands).
 fn deliver_syscall(cx: &mut Ctx<'_>) -> Result<bool, Kill> {
-    const SYSCALL: [u8; 2] = [0x0f, 0x05];
     let v = &*cx.vcpu;
     let (entry, rip) = (v.syscall_entry, v.cpu.regs.rip);
-    if entry == 0 || !v.cpu.user_mode {
-        return Ok(false);
-    }
-    let mut insn = [0u8; 2];
-    if cx.read_va(rip, &mut insn).is_err() || insn != SYSCALL {
+    if entry == 0 || !v.cpu.user_mode || !syscall_at_rip(cx) {
         return Ok(false);
     }
     let user_flags = GuestCpu::sanitize_flags(cx.vcpu.cpu.regs.rflags) | uapi::X86_EFLAGS_IF;
@@ -154,20 +149,21 @@ fn deliver_syscall(cx: &mut Ctx<'_>) -> Result<bool, Kill> {
 /// system call is armed. RIP moves past it, RCX and R11 as the instruction
 /// leaves them. `Ok(false)`: not that (the #UD stands).
 pub(crate) fn syscall_hypercall(cx: &mut Ctx<'_>) -> Result<bool, Kill> {
-    const SYSCALL: [u8; 2] = [0x0f, 0x05];
-    if !cx.vcpu.syscall_direct || cx.vcpu.cpu.user_mode {
+    if !cx.vcpu.syscall_direct || cx.vcpu.cpu.user_mode || !syscall_at_rip(cx) {
         return Ok(false);
     }
     let rip = cx.vcpu.cpu.regs.rip;
-    let mut insn = [0u8; 2];
-    if cx.read_va(rip, &mut insn).is_err() || insn != SYSCALL {
-        return Ok(false);
-    }
     let r = &mut cx.vcpu.cpu.regs;
     r.rip = rip + 2;
     r.rcx = rip + 2;
     r.r11 = GuestCpu::sanitize_flags(r.rflags);
     Ok(true)
+}
+
+/// Whether the guest's instruction at RIP is `syscall` (`0f 05`).
+fn syscall_at_rip(cx: &Ctx<'_>) -> bool {
+    let mut insn = [0u8; 2];
+    cx.read_va(cx.vcpu.cpu.regs.rip, &mut insn).is_ok() && insn == [0x0f, 0x05]
 }
 
 /// The pseudo-vector of a `syscall` event, for messages.

@@ -625,19 +625,21 @@ const SYS_HOLD: u64 = 3;
 static HOLD_SYSCALLS: [user::Syscall; 4] = [user::sys_exit, user::sys_write, user::sys_counter, sys_hold];
 /// How long `SYS_HOLD` spins, and the timer it arms: the timer fires while
 /// the kernel holds it back (virtual interrupts off).
-const HOLD_NS: u64 = 500_000;
+const HOLD_NS: u64 = 1_000_000_000;
 const HOLD_TIMER_NS: u64 = 20_000;
 /// What the held tick found in user mode: R12 (the count) and RIP, and
 /// the expected RIP (after the `syscall`).
 static HOLD_R12: AtomicU64 = AtomicU64::new(u64::MAX);
 static HOLD_RIP: AtomicU64 = AtomicU64::new(0);
 
-/// `SYS_HOLD`: arms the timer and spins past it in kernel mode, virtual
-/// interrupts off (the direct entry leaves them so).
+/// `SYS_HOLD`: arms the timer and spins in kernel mode, virtual interrupts
+/// off (the direct entry leaves them so), until the host says that the
+/// tick waits (`irq_pending`; however late TCG's timers run), or for
+/// `HOLD_NS` at most.
 fn sys_hold(_frame: &mut TrapFrame) -> u64 {
     clock::set_event(HOLD_TIMER_NS);
     let t0 = clock::now_ns();
-    while clock::now_ns() - t0 < HOLD_NS {
+    while lguest_guest::data::irq_pending() == 0 && clock::now_ns() - t0 < HOLD_NS {
         core::hint::spin_loop();
     }
     0
