@@ -168,13 +168,7 @@ fn sysret() -> ! {
     // SAFETY: as in `setsyscall`; the `int` must not come back (if it did,
     // only RCX and R11, given as inputs, were involved).
     unsafe {
-        hcall(
-            lguest_guest::abi::LHCALL_SET_SYSCALL,
-            entry,
-            lguest_guest::abi::LGUEST_SYSCALL_DIRECT,
-            0,
-            0,
-        );
+        hcall(lguest_guest::abi::LHCALL_SET_SYSCALL, entry, lguest_guest::abi::LGUEST_SYSCALL_DIRECT, 0, 0);
         core::arch::asm!("int 0x1b", in("rcx") 0x40_0000u64, in("r11") 0x202u64);
     }
     poweroff_fmt(format_args!("guest-ops: sysret: survived"))

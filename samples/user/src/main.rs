@@ -53,9 +53,9 @@ use core::ptr::addr_of;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use lguest_guest::abi::{LGUEST_SHUTDOWN_POWEROFF, LHCALL_SHUTDOWN};
+use lguest_guest::cell::GuestCell;
 use lguest_guest::paging::{self, pte, AddressSpace, PageSize, PAGE_SIZE, USER_START};
 use lguest_guest::user::{self, Exit, UserRegs, HCALL_GP_ERROR, SYS_COUNTER, SYS_EXIT, SYS_WRITE};
-use lguest_guest::cell::GuestCell;
 use lguest_guest::{clock, crash_fmt, entry, frames, interrupts, poweroff_fmt, println, Args, TrapFrame};
 
 entry!(main);
@@ -508,7 +508,6 @@ global_asm!(
     send_interrupts = const lguest_guest::abi::LHCALL_SEND_INTERRUPTS,
 );
 
-
 extern "C" {
     fn kernel_syscall_hcalls(n: u64) -> u64;
     static user_hold: u8;
@@ -787,11 +786,7 @@ fn fail(what: core::fmt::Arguments<'_>) -> ! {
 fn main(args: Args) -> ! {
     if lguest_guest::kernel_base() != 0 {
         // `user-upper`: say where it runs (the test checks it).
-        println!(
-            "user: linked at {:#x}, main at {:#x}",
-            lguest_guest::kernel_base(),
-            main as fn(Args) -> ! as usize
-        );
+        println!("user: linked at {:#x}, main at {:#x}", lguest_guest::kernel_base(), main as fn(Args) -> ! as usize);
     }
     frames::init_free_ram();
     if let Err(e) = paging::init_kernel() {

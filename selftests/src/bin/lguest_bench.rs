@@ -315,9 +315,13 @@ fn main() {
     if let (Some(d), Some(g)) = (direct, getpid) {
         println!("bench: guest_direct_syscall_vs_getpid {:.2} ratio (of the medians)", d / g);
     }
-    let hsys = r.figure("hypercall_syscall_round_trip", "cycles", " (a hypercall by syscall from guest kernel mode)", k, || {
-        guest_syscall_cycles(sys_n, "syscall hypercall")
-    });
+    let hsys = r.figure(
+        "hypercall_syscall_round_trip",
+        "cycles",
+        " (a hypercall by syscall from guest kernel mode)",
+        k,
+        || guest_syscall_cycles(sys_n, "syscall hypercall"),
+    );
     if let (Some(h), Some(g)) = (hsys, getpid) {
         println!("bench: hypercall_syscall_vs_getpid {:.2} ratio (of the medians)", h / g);
     }

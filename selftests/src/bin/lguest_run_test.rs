@@ -1012,7 +1012,8 @@ fn direct_run(calls: u64, signals: bool) -> TestResult {
     check_user_run_n(&o, calls)?;
     check!(o.stdout.contains("user: the direct system-call entry"), "not the direct entry: {}", describe(&o));
     check!(
-        o.stdout.contains(&format!("user: {calls} hypercalls by syscall: RCX, R11 and 9 other registers right after each")),
+        o.stdout
+            .contains(&format!("user: {calls} hypercalls by syscall: RCX, R11 and 9 other registers right after each")),
         "no report of the hypercalls by syscall: {}",
         describe(&o)
     );
@@ -1105,8 +1106,9 @@ fn check_user_run_n(o: &Outcome, calls: u64) -> TestResult {
         describe(o)
     );
     check!(
-        o.stdout.contains(&format!("user: {calls} syscall instructions: RCX, R11, RAX and 10 other registers right after each"))
-            && o.stdout.contains("user: syscall with no entry registered: #UD at the instruction"),
+        o.stdout.contains(&format!(
+            "user: {calls} syscall instructions: RCX, R11, RAX and 10 other registers right after each"
+        )) && o.stdout.contains("user: syscall with no entry registered: #UD at the instruction"),
         "no syscall report: {}",
         describe(o)
     );
