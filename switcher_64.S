@@ -620,6 +620,21 @@ SYM_CODE_END(lguest_entry_abort)
 _ASM_NOKPROBE(lguest_entry_abort)
 
 /*
+ * The direct switch's change of mode, RSP the frame's vector slot: the GS
+ * bases swapped, CR3 the shadow root at \root, the mode \user. Clobbers
+ * %rax and %rdx.
+ */
+.macro SWITCH_MODE root, user
+	rdgsbase %rdx
+	movq	P0_V(LG_GS_OTHER), %rax
+	movq	%rdx, P0_V(LG_GS_OTHER)
+	wrgsbase %rax
+	movq	P0_V(\root), %rax
+	movq	%rax, %cr3
+	movl	$\user, P0_V(LG_USER_MODE)
+.endm
+
+/*
  * The direct system call (Documentation/switcher.rst, "The direct system
  * call"): LSTAR is this entry while a guest with a direct entry runs
  * (LG_DIRECT). SYSCALL brings the CPU here in ring 0 with the guest's CR3
@@ -653,13 +668,7 @@ SYM_CODE_START(lguest_syscall)
 	je	lguest_exit_common
 	movq	%rax, P0_V(LG_SCRATCH_RAX)
 	movq	%rdx, P0_V(LG_SCRATCH_RDX)
-	rdgsbase %rdx
-	movq	P0_V(LG_GS_OTHER), %rax
-	movq	%rdx, P0_V(LG_GS_OTHER)
-	wrgsbase %rax
-	movq	P0_V(LG_KERNEL_ROOT), %rax
-	movq	%rax, %cr3
-	movl	$0, P0_V(LG_USER_MODE)
+	SWITCH_MODE LG_KERNEL_ROOT, 0
 	movq	P0_V(LG_SYSCALL_ENTRY), %rax
 	movq	%rax, 16(%rsp)			/* RIP */
 	movq	$(X86_EFLAGS_IF | X86_EFLAGS_FIXED), 32(%rsp)	/* RFLAGS */
@@ -704,13 +713,7 @@ SYM_CODE_START_LOCAL(lguest_sysret)
 	andl	$LG_RFLAGS_GUEST_MASK, %eax
 	orl	$(X86_EFLAGS_IF | X86_EFLAGS_FIXED), %eax
 	movq	%rax, 32(%rsp)			/* RFLAGS */
-	rdgsbase %rdx
-	movq	P0_V(LG_GS_OTHER), %rax
-	movq	%rdx, P0_V(LG_GS_OTHER)
-	wrgsbase %rax
-	movq	P0_V(LG_USER_ROOT), %rax
-	movq	%rax, %cr3
-	movl	$1, P0_V(LG_USER_MODE)
+	SWITCH_MODE LG_USER_ROOT, 1
 	incq	P0_V(LG_DIRECT_SYSRETS)
 	jmp	lguest_direct_return
 .Lsysret_host:
@@ -977,31 +980,33 @@ _ASM_NOKPROBE(\name)
 .endm
 
 /*
+ * If the interrupted RIP (in %rax) is in [\start, \end), makes it \target
+ * and jumps to \done; goes on otherwise. Clobbers %rdi (and %rax).
+ */
+.macro WINDOW_TO start, end, target, done
+	lea	\start(%rip), %rdi
+	cmp	%rdi, %rax
+	jb	.Lnot\@
+	lea	\end(%rip), %rdi
+	cmp	%rdi, %rax
+	jae	.Lnot\@
+	lea	\target(%rip), %rax
+	mov	%rax, 32(%rsp)
+	jmp	\done
+.Lnot\@:
+.endm
+
+/*
  * An NMI or #MC in ring 0 is recorded for the host to handle once home; if
- * it hit the entry window, the entry is aborted.
+ * it hit the entry window, the entry is aborted, and if it hit the direct
+ * switch's, the switch exits.
  */
 .macro RING0_PENDING pending
 	movq	$1, \pending(%rdi)
 	mov	32(%rsp), %rax			/* interrupted RIP */
-	lea	lguest_entry_window(%rip), %rdi
-	cmp	%rdi, %rax
-	jb	.Ldirect\@
-	lea	lguest_entry_window_end(%rip), %rdi
-	cmp	%rdi, %rax
-	jae	.Ldirect\@
-	lea	lguest_entry_abort(%rip), %rax
-	mov	%rax, 32(%rsp)
-	jmp	.Lout\@
+	WINDOW_TO lguest_entry_window, lguest_entry_window_end, lguest_entry_abort, .Lout\@
 	/* The direct switch's last steps: it exits instead of the iretq. */
-.Ldirect\@:
-	lea	lguest_direct_window(%rip), %rdi
-	cmp	%rdi, %rax
-	jb	.Lout\@
-	lea	lguest_direct_window_end(%rip), %rdi
-	cmp	%rdi, %rax
-	jae	.Lout\@
-	lea	lguest_direct_abort(%rip), %rax
-	mov	%rax, 32(%rsp)
+	WINDOW_TO lguest_direct_window, lguest_direct_window_end, lguest_direct_abort, .Lout\@
 .Lout\@:
 .endm
 
