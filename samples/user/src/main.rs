@@ -995,10 +995,9 @@ fn main(args: Args) -> ! {
         clock::set_event(TIMER_NS);
         let flags = lguest_guest::paravirt::save_fl();
         lguest_guest::paravirt::irq_enable();
+        // An interrupt returns with every register as it was.
         // SAFETY: the function keeps the SysV ABI; its hypercalls
-        // (SEND_INTERRUPTS) change nothing but RCX, R11 and RAX, which it
-        // checks and does not return; an interrupt returns with every
-        // register as it was.
+        // (SEND_INTERRUPTS) change nothing but RCX, R11 and RAX.
         let bad = unsafe { kernel_syscall_hcalls(calls) };
         // Stopped with interrupts still on: a tick raised before the
         // cancel is taken by the time it returns (it is an exit).
