@@ -1542,6 +1542,18 @@ fn linux_timer_hz() -> TestResult {
     let host = at1.duration_since(at0).as_secs_f64();
     let ticks = n1.saturating_sub(n0) as f64;
     println!("# {ticks} ticks in {host:.2} s of host time ({:.1} Hz)", ticks / host);
+    // The clocks behind the figures: the guest's (the TSC at the rate the
+    // host gave it) and the host's.
+    for l in o.stdout.lines().filter_map(|l| l.trim_end().strip_prefix("lginit: clock ")) {
+        println!("# guest {l}");
+    }
+    let cs = std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource");
+    println!("# host clocksource {}", cs.unwrap_or_default().trim());
+    if let Ok(out) = Command::new("dmesg").output() {
+        for l in String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains("tsc")) {
+            println!("# host {l}");
+        }
+    }
     check!((4.5..=5.5).contains(&host), "the guest's 5 s took {host:.2} s of host time");
     check!(
         (ticks / (HZ * host) - 1.0).abs() <= 0.10,
