@@ -27,8 +27,11 @@
 # boot without -icount) the TCP stream rows follow: N MiB out of each peer
 # to a host socket (tcp_out) and into it (tcp_in), timed by the host's
 # lguest-tcpsink (on CPU 0; the peer on CPU 1), the median of
-# PEER_NET_REPS runs (default 3), in MB/s, with the ratio to the host's
-# own stream over loopback (lguest-tcpsink at both ends). The paths:
+# PEER_NET_REPS runs (default 3), in MB/s, with the ratios to the host's
+# own stream over loopback (lguest-tcpsink at both ends, `_vs_host`) and
+# to the native stream between two network namespaces over a veth pair
+# (`netns`: the connecting side in a namespace of its own; `_vs_netns`). The
+# paths:
 # lguest, the tcpblast sample (a Rust guest with smoltcp) over virtio-net
 # and a tap, to the host's 192.168.4.1 on it; UML, Linux's TCP in UML over
 # its vector tap transport (the same tap, gro=1: without it UML drops the
@@ -172,6 +175,8 @@ NET_BYTES=$((NET_MIB * 1048576))
 TAP=peertap0
 HOSTIP=192.168.4.1
 PEERIP=192.168.4.2
+NSHOSTIP=192.168.5.1
+NSPEERIP=192.168.5.2
 PORT=9999
 SINK=${PEER_SINK:-/usr/bin/lguest-tcpsink}
 
@@ -222,6 +227,12 @@ streams() {
 			h=$(eval echo "\${host_tcp_$dir:-}")
 			[ -n "$h" ] && echo "bench: peer_${name}_tcp_${dir}_vs_host $(awk "BEGIN { printf \"%.2f\", $med / $h }") ratio"
 		fi
+		if [ "$name" = netns ]; then
+			eval "netns_tcp_$dir=$med"
+		elif [ "$name" != host ]; then
+			h=$(eval echo "\${netns_tcp_$dir:-}")
+			[ -n "$h" ] && echo "bench: peer_${name}_tcp_${dir}_vs_netns $(awk "BEGIN { printf \"%.2f\", $med / $h }") ratio"
+		fi
 	done
 }
 
@@ -235,6 +246,22 @@ if [ "$NET_MIB" -gt 0 ]; then
 	else
 		fail host "could not set up the tap $TAP"
 	fi
+	# The native reference across a device: the connecting side in a network
+	# namespace of its own, behind a veth pair (Linux's TCP at both ends,
+	# as in a container).
+	unshare -n sleep 100000 &
+	nsp=$!
+	sleep 1
+	if ip link add lgveth0 type veth && ve=$(ip -o link | sed -n 's/^[0-9]*: \([^@:]*\)@lgveth0.*/\1/p') &&
+		[ -n "$ve" ] && ip link set "$ve" netns $nsp && ip addr add $NSHOSTIP/24 dev lgveth0 && ip link set lgveth0 up &&
+		nsenter -t $nsp -n ip link set lo up && nsenter -t $nsp -n ip link set "$ve" up &&
+		nsenter -t $nsp -n ip addr add $NSPEERIP/24 dev "$ve"; then
+		n="nsenter -t $nsp -n taskset -c $CPU $SINK $NSHOSTIP:$PORT --connect"
+		streams netns $NSHOSTIP:$PORT "$n --send $NET_BYTES" "$n --expect $NET_BYTES"
+	else
+		fail netns "could not set up the veth pair and its namespace"
+	fi
+	kill $nsp 2>/dev/null
 	for p in $(echo "$peers" | tr ',' ' '); do
 		case "$p" in
 		lguest)

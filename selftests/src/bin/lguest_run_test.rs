@@ -1509,42 +1509,57 @@ fn linux_userspace() -> TestResult {
     Ok(())
 }
 
-/// The guest's tick runs at its HZ (250) by the host's clock: the timer
-/// interrupt's count in /proc/interrupts across the guest's `sleep 5`
-/// grows by HZ x the host time between the two lines' arrival, within 10%,
-/// and that host time is 5 s within 10%.
+/// The guest's tick runs at its HZ (250) and its clock at the host's
+/// rate: across the guest's `sleep 5`, the timer interrupt's count in
+/// /proc/interrupts grows by HZ x the time the guest's /proc/uptime
+/// (read with each count) advanced, within 10%, and that time is the host
+/// time between the two lines' arrival, within 10%, and at least the 5 s
+/// slept. On the debug host kernel (KASAN) both bounds are 30%: there a
+/// guest process start takes up to 2 s, which the console line that
+/// follows it shares unevenly (the clock ratio was seen from 0.79 to
+/// 1.05), and late ticks coalesce (225 to 252 Hz seen); a wrong clock
+/// rate or tick period (2x) still fails.
 fn linux_timer_hz() -> TestResult {
     const HZ: f64 = 250.0;
     let mut l = spawn_linux("timer")?;
     let start = Instant::now();
     let (mut t0, mut t1) = (None, None);
-    let count = |out: &str, key: &str| {
-        out.lines().find_map(|line| line.split_once(key).and_then(|(_, n)| n.trim().parse::<u64>().ok()))
+    // "lginit: ticks-start COUNT UPTIME"
+    let sample = |out: &str, key: &str| {
+        out.lines().find_map(|line| {
+            let (_, rest) = line.split_once(key)?;
+            let (n, up) = rest.trim().split_once(' ')?;
+            Some((n.parse::<u64>().ok()?, up.trim().parse::<f64>().ok()?))
+        })
     };
     while t1.is_none() && start.elapsed() < Duration::from_secs(300) {
         std::thread::sleep(Duration::from_millis(20));
         let out = std::fs::read_to_string(&l.out).unwrap_or_default();
         if t0.is_none() {
-            t0 = count(&out, "lginit: ticks-start ").map(|n| (n, Instant::now()));
+            t0 = sample(&out, "lginit: ticks-start ").map(|s| (s, Instant::now()));
         }
         if t0.is_some() {
-            t1 = count(&out, "lginit: ticks-end ").map(|n| (n, Instant::now()));
+            t1 = sample(&out, "lginit: ticks-end ").map(|s| (s, Instant::now()));
         }
         if matches!(l.child.try_wait(), Ok(Some(_))) && t1.is_none() {
             break;
         }
     }
     let o = wait(l, Duration::from_secs(60))?;
-    let (Some((n0, at0)), Some((n1, at1))) = (t0, t1) else {
+    let (Some(((n0, up0), at0)), Some(((n1, up1), at1))) = (t0, t1) else {
         fail!("no tick counts from the guest: {}", describe(&o));
     };
     check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
     let host = at1.duration_since(at0).as_secs_f64();
+    let guest = up1 - up0;
     let ticks = n1.saturating_sub(n0) as f64;
-    println!("# {ticks} ticks in {host:.2} s of host time ({:.1} Hz)", ticks / host);
+    println!(
+        "# {ticks} ticks in {guest:.2} s of the guest's time ({:.1} Hz), {host:.2} s of the host's",
+        ticks / guest
+    );
     // The clocks behind the figures: the guest's (the TSC at the rate the
     // host gave it) and the host's.
-    for l in o.stdout.lines().filter_map(|l| l.trim_end().strip_prefix("lginit: clock ")) {
+    for l in o.stdout.lines().filter_map(|l| l.trim_end().strip_prefix("lginit: ")) {
         println!("# guest {l}");
     }
     let cs = std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource");
@@ -1554,11 +1569,19 @@ fn linux_timer_hz() -> TestResult {
             println!("# host {l}");
         }
     }
-    check!((4.5..=5.5).contains(&host), "the guest's 5 s took {host:.2} s of host time");
+    let debug = std::path::Path::new("/sys/kernel/debug/kmemleak").exists();
+    let tol = if debug { 0.30 } else { 0.10 };
+    check!(guest >= 5.0, "the guest's clock advanced {guest:.2} s across its `sleep 5`");
     check!(
-        (ticks / (HZ * host) - 1.0).abs() <= 0.10,
-        "{ticks} ticks in {host:.2} s: {:.1} Hz, not {HZ} within 10%",
-        ticks / host
+        (guest / host - 1.0).abs() <= tol,
+        "the guest's clock advanced {guest:.2} s in {host:.2} s of host time (bound {}%)",
+        tol * 100.0
+    );
+    check!(
+        (ticks / (HZ * guest) - 1.0).abs() <= tol,
+        "{ticks} ticks in {guest:.2} s of the guest's time: {:.1} Hz, not {HZ} within {}%",
+        ticks / guest,
+        tol * 100.0
     );
     Ok(())
 }
