@@ -271,6 +271,53 @@ fn unprivileged_with_passed_tap() -> TestResult {
     Ok(())
 }
 
+/// The Linux guest's network device: Linux's own virtio_net driver on the
+/// lguest bus, over the launcher's virtio-net and the tap. Its /init
+/// (`lginit=net`) brings eth0 up at 192.168.2.2/24 and gets 3 of 3 ping
+/// replies from the host, then 8 MiB go out by Linux's TCP to the host's
+/// sink, which checks every byte and the count, and 8 MiB come in from
+/// the host's, which the guest's `lguest-tcpsink --expect` checks.
+fn linux_net() -> TestResult {
+    const N: u64 = 8 << 20;
+    t::private_netns(TAP, &format!("{HOST}/24"))?;
+    let out = sink(&[&format!("{HOST}:{PORT}"), "--expect", &N.to_string(), "--timeout", "280"])?;
+    let inn = sink(&[&format!("{HOST}:{}", PORT - 1), "--send", &N.to_string(), "--timeout", "280"])?;
+    std::thread::sleep(Duration::from_millis(300));
+    let a = strings(&[
+        "run",
+        "--memory",
+        "128M",
+        "--net",
+        &format!("tap={TAP}"),
+        "--initrd",
+        &guest("linux-initramfs.gz"),
+        &guest("vmlinux"),
+        "--",
+        "lginit=net",
+        &format!("lgnet=192.168.2.2/24,{HOST},{N}"),
+    ]);
+    let g = Proc::launcher(&a, None)?.wait(TIMEOUT)?;
+    let (out, inn) = (out.wait(TIMEOUT)?, inn.wait(TIMEOUT)?);
+    check_eq!(g.code, 0, format!("the Linux guest ({})", g.describe()));
+    let lines: Vec<&str> = g.stdout.lines().filter_map(|l| l.trim_end().strip_prefix("lginit: ")).collect();
+    let Some(eth0) = lines.iter().find_map(|l| l.strip_prefix("eth0 ")) else {
+        t::fail!("no eth0 line: {}", g.describe());
+    };
+    println!("# eth0 {eth0}");
+    // The network device is virtio device 1 (its ID among the guest's).
+    check!(eth0.split_whitespace().skip(1).any(|id| id == "0x0001"), "no virtio network device: {eth0}");
+    check!(lines.contains(&"ping 3"), "not 3 of 3 ping replies: {lines:?}");
+    let want = format!("tcpsink: {N} bytes");
+    check!(out.code == 0 && out.stdout.contains(&want), "out: the host's sink: {}", out.describe());
+    check!(lines.contains(&format!("sent {N}").as_str()), "out: the guest's side: {lines:?}");
+    check!(inn.code == 0, "in: the host's sender: {}", inn.describe());
+    check!(lines.contains(&format!("received {N}").as_str()), "in: the guest's check: {lines:?}");
+    for (dir, o) in [("out", &out), ("in", &inn)] {
+        println!("# {dir}: {}", o.stdout.lines().find(|l| l.starts_with("tcpsink: ")).unwrap_or_default());
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     t::run(&[
         ("ping_both_ways", ping_both_ways),
@@ -280,5 +327,6 @@ fn main() -> ExitCode {
         ("tap_deleted_under_traffic", tap_deleted_under_traffic),
         ("tap_fd_and_mac", tap_fd_and_mac),
         ("unprivileged_with_passed_tap", unprivileged_with_passed_tap),
+        ("linux_net", linux_net),
     ])
 }
