@@ -221,18 +221,14 @@ streams() {
 		done
 		med=$(printf '%s\n' $rates | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
 		echo "bench: peer_${name}_tcp_$dir $med MB/s (median of $NET_REPS, $NET_MIB MiB)"
-		if [ "$name" = host ]; then
-			eval "host_tcp_$dir=$med"
-		else
-			h=$(eval echo "\${host_tcp_$dir:-}")
-			[ -n "$h" ] && echo "bench: peer_${name}_tcp_${dir}_vs_host $(awk "BEGIN { printf \"%.2f\", $med / $h }") ratio"
-		fi
-		if [ "$name" = netns ]; then
-			eval "netns_tcp_$dir=$med"
-		elif [ "$name" != host ]; then
-			h=$(eval echo "\${netns_tcp_$dir:-}")
-			[ -n "$h" ] && echo "bench: peer_${name}_tcp_${dir}_vs_netns $(awk "BEGIN { printf \"%.2f\", $med / $h }") ratio"
-		fi
+		# The two native references keep their figure; every row gets
+		# its ratio to those measured before it.
+		case $name in host|netns) eval "${name}_tcp_$dir=$med" ;; esac
+		for ref in host netns; do
+			[ "$ref" = "$name" ] && continue
+			h=$(eval echo "\${${ref}_tcp_$dir:-}")
+			[ -n "$h" ] && echo "bench: peer_${name}_tcp_${dir}_vs_$ref $(awk "BEGIN { printf \"%.2f\", $med / $h }") ratio"
+		done
 	done
 }
 

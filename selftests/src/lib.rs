@@ -141,6 +141,12 @@ pub fn bed() -> Bed {
     bed_of(&std::fs::read_to_string("/proc/cmdline").unwrap_or_default())
 }
 
+/// Whether the host runs the debug kernel (KASAN, lockdep, kmemleak:
+/// kmemleak's file says which), where everything is several times slower.
+pub fn debug_kernel() -> bool {
+    std::path::Path::new("/sys/kernel/debug/kmemleak").exists()
+}
+
 /// For a test that only means something under Bochs: skips elsewhere,
 /// saying why (`why`: what the other bed does not model).
 pub fn require_bochs(why: &str) -> TestResult {

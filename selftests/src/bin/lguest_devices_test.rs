@@ -696,7 +696,7 @@ fn stop_with_stdout_blocked() -> TestResult {
         // The promise is 1 s; on the debug kernel (KASAN, lockdep:
         // kmemleak's file says which) everything is several times slower,
         // and 1.43 s was seen there with a second QEMU host beside it.
-        let debug = std::path::Path::new("/sys/kernel/debug/kmemleak").exists();
+        let debug = t::debug_kernel();
         let bound = Duration::from_secs(if debug { 3 } else { 1 });
         check!(took < bound, "{mode}: the launcher took {took:?} to stop (bound {bound:?})");
     }

@@ -320,7 +320,7 @@ fn million_hypercalls() -> TestResult {
 fn page_table_ops() -> TestResult {
     // The debug kernel (KASAN, lockdep) is several times slower: there
     // the point is its checkers, and a fifth of the work will do.
-    let debug = std::path::Path::new("/sys/kernel/debug/kmemleak").exists();
+    let debug = t::debug_kernel();
     let p = plan();
     let (target, ops) = if debug {
         (p.page_table_updates / 5, PAGE_TABLE_OPS / 5)
