@@ -60,6 +60,7 @@ fn name(nr: u64) -> &'static str {
         uapi::LHCALL_SET_SEGMENT_BASE => "SET_SEGMENT_BASE",
         uapi::LHCALL_IRET => "IRET",
         uapi::LHCALL_INVLPG => "INVLPG",
+        uapi::LHCALL_GET_SEGMENT_BASE => "GET_SEGMENT_BASE",
         _ => "unknown",
     }
 }
@@ -78,8 +79,12 @@ pub(crate) fn do_hypercalls(cx: &mut Ctx<'_>) -> Result<Option<UserExit>, Kill> 
         arg4: regs.r10,
     };
     let exit = dispatch(cx, &args, false)?;
-    // IRET_USER and IRET loaded the RAX to return with: leave it.
-    if !matches!(args.arg0, uapi::LHCALL_IRET_USER | uapi::LHCALL_IRET) {
+    // IRET_USER and IRET loaded the RAX to return with, GET_SEGMENT_BASE
+    // its result: leave it.
+    if !matches!(
+        args.arg0,
+        uapi::LHCALL_IRET_USER | uapi::LHCALL_IRET | uapi::LHCALL_GET_SEGMENT_BASE
+    ) {
         cx.vcpu.cpu.regs.rax = 0;
     }
     Ok(exit)
@@ -125,6 +130,7 @@ fn dispatch(cx: &mut Ctx<'_>, a: &HcallArgs, in_ring: bool) -> Result<Option<Use
             | uapi::LHCALL_HALT
             | uapi::LHCALL_IRET_USER
             | uapi::LHCALL_IRET
+            | uapi::LHCALL_GET_SEGMENT_BASE
     );
     if in_ring && needs_launcher {
         return kill!("hypercall {} is not allowed in the async ring", name(nr));
@@ -182,6 +188,7 @@ fn dispatch(cx: &mut Ctx<'_>, a: &HcallArgs, in_ring: bool) -> Result<Option<Use
             Ok(None)
         }
         uapi::LHCALL_SET_SEGMENT_BASE => set_segment_base(cx, a.arg1, a.arg2).map(|()| None),
+        uapi::LHCALL_GET_SEGMENT_BASE => get_segment_base(cx, a.arg1).map(|()| None),
         uapi::LHCALL_TS | uapi::LHCALL_LOAD_TLS | uapi::LHCALL_LOAD_GDT_ENTRY => {
             kill!("hypercall {} is not supported by this host yet", name(nr))
         }
@@ -207,30 +214,67 @@ fn user_mode_ready(cx: &Ctx<'_>, what: &str) -> Result<(), Kill> {
     Ok(())
 }
 
-/// Enters guest user mode at `rip` with `rsp`, RAX `rax` and `rflags`
-/// (checked by the caller): the user GS base, the user shadow table from
-/// the next entry on. User mode always takes interrupts, whatever
+/// Enters guest user mode at `rip` with `rsp`, RAX `rax` and `rflags`,
+/// as a return to user mode does: the user GS base, the user shadow table
+/// from the next entry on. User mode always takes interrupts, whatever
 /// `irq_enabled` says; it is left 0, so that a direct system-call entry
 /// finds virtual interrupts off, as SYSCALL's mask leaves them.
-fn enter_user(cx: &mut Ctx<'_>, rax: u64, rip: u64, rflags: u64, rsp: u64) -> Result<(), Kill> {
+///
+/// Any RSP is taken, as an `iretq` to ring 3 takes it. A RIP that is not
+/// canonical for the guest (a 4-level machine, [`uapi::guest_canonical`])
+/// is the #GP(0) that the CPU's own `iretq` raises, and `selectors` the
+/// frame's CS and SS where the return names them: the pair of a 64-bit
+/// user segment is the only one a guest's user mode may have, and any
+/// other CS, then SS, is the #GP(selector) of a descriptor the `iretq`
+/// refuses. Such a fault goes to the guest kernel as if it were taken in
+/// user mode at the return's state (Linux's `fixup_bad_iret` makes the
+/// same frame of a native one), never kills the guest: a process can ask
+/// for any of these with `sigreturn`.
+fn enter_user(
+    cx: &mut Ctx<'_>,
+    rax: u64,
+    rip: u64,
+    rflags: u64,
+    rsp: u64,
+    selectors: Option<(u64, u64)>,
+) -> Result<(), Kill> {
     let Some(ld) = cx.vcpu.lguest_data else {
         return kill!("user mode before LGUEST_INIT");
     };
     ld.set_irq_enabled(cx.mem, false)?;
+    let user = cx.vcpu.frame_selectors(true);
     let v = &mut *cx.vcpu;
     v.cpu.regs.rax = rax;
     v.cpu.regs.rip = rip;
     v.cpu.regs.rsp = rsp;
     v.cpu.regs.rflags = GuestCpu::sanitize_flags(rflags);
     v.cpu.set_mode(true);
-    Ok(())
+    let (cs, ss) = selectors.unwrap_or(user);
+    let error = if cs != user.0 {
+        Some(cs & SELECTOR_ERROR)
+    } else if ss != user.1 {
+        Some(ss & SELECTOR_ERROR)
+    } else if !uapi::guest_canonical(rip) {
+        Some(0)
+    } else {
+        None
+    };
+    match error {
+        Some(error) => interrupts::bad_user_return(cx, error, cs, ss),
+        None => Ok(()),
+    }
 }
+
+/// The bits of a selector that a #GP's error code shows (index and table;
+/// the RPL is not part of it).
+const SELECTOR_ERROR: u64 = 0xfffc;
 
 /// `int $LGUEST_SYSRET_VECTOR` in guest kernel mode, where the switcher
 /// did not switch by itself (the direct system call not armed on this
 /// host, or a RIP it leaves to the host): the return to user mode with
 /// `sysretq`'s registers, RCX the user RIP, R11 the user RFLAGS, RSP the
-/// user RSP, every register unchanged; `irq_enabled` untouched.
+/// user RSP, every register unchanged; `irq_enabled` untouched. A RIP that
+/// is not canonical is a #GP(0) in user mode at it ([`enter_user`]).
 pub(crate) fn direct_sysret(cx: &mut Ctx<'_>) -> Result<(), Kill> {
     // As the switcher's own switch: the guest's tables, and no look at a
     // kernel stack until an event in user mode needs one.
@@ -238,23 +282,26 @@ pub(crate) fn direct_sysret(cx: &mut Ctx<'_>) -> Result<(), Kill> {
         return kill!("the return to user mode before NEW_PGTABLE: user mode needs the guest's own page tables");
     }
     let r = cx.vcpu.cpu.regs;
-    if !GuestCpu::enterable(r.rcx, r.rsp) {
-        return kill!(
-            "the return to user mode: bad user rip {:#x} or rsp {:#x}",
-            r.rcx,
-            r.rsp
-        );
-    }
     let cpu = &mut cx.vcpu.cpu;
     cpu.regs.rip = r.rcx;
     cpu.regs.rflags = GuestCpu::sanitize_flags(r.r11);
     cpu.set_mode(true);
+    if !uapi::guest_canonical(r.rcx) {
+        let (cs, ss) = cx.vcpu.frame_selectors(true);
+        return interrupts::bad_user_return(cx, 0, cs, ss);
+    }
     Ok(())
 }
 
 /// `LHCALL_IRET`: the guest's `iretq` through the [`uapi::LguestIret`]
-/// frame at its RSP, to kernel or user mode as its selectors say.
+/// frame at its RSP, to kernel or user mode as its selectors say. Only
+/// with Linux frames, whose kernel pair has RPL 0: a user mode's
+/// `sigreturn` or `ptrace` cannot forge it (without them the kernel pair
+/// has RPL 3 and could be).
 fn iret(cx: &mut Ctx<'_>) -> Result<(), Kill> {
+    if !cx.vcpu.linux_frames {
+        return kill!("IRET without LGUEST_INIT_LINUX_FRAMES");
+    }
     let rsp = cx.vcpu.cpu.regs.rsp;
     let mut b = [0u8; core::mem::size_of::<uapi::LguestIret>()];
     if cx.read_va(rsp, &mut b).is_err() {
@@ -262,19 +309,17 @@ fn iret(cx: &mut Ctx<'_>) -> Result<(), Kill> {
     }
     let w = |i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]));
     let (rax, rip, cs, rflags, new_rsp, ss) = (w(0), w(1), w(2), w(3), w(4), w(5));
+    // As the CPU's iretq: CS's RPL says where to return.
+    if cs & 3 == 3 {
+        user_mode_ready(cx, "IRET to user mode")?;
+        return enter_user(cx, rax, rip, rflags, new_rsp, Some((cs, ss)));
+    }
+    // A return to the kernel: only its own mistakes get here.
+    if (cs, ss) != cx.vcpu.frame_selectors(false) {
+        return kill!("IRET: bad selectors cs {cs:#x} ss {ss:#x}");
+    }
     if !GuestCpu::enterable(rip, new_rsp) {
         return kill!("IRET: bad rip {rip:#x} or rsp {new_rsp:#x}");
-    }
-    let to_user = if (cs, ss) == cx.vcpu.frame_selectors(false) {
-        false
-    } else if (cs, ss) == cx.vcpu.frame_selectors(true) {
-        true
-    } else {
-        return kill!("IRET: bad selectors cs {cs:#x} ss {ss:#x}");
-    };
-    if to_user {
-        user_mode_ready(cx, "IRET to user mode")?;
-        return enter_user(cx, rax, rip, rflags, new_rsp);
     }
     let Some(ld) = cx.vcpu.lguest_data else {
         return kill!("IRET before LGUEST_INIT");
@@ -305,10 +350,7 @@ fn iret_user(cx: &mut Ctx<'_>) -> Result<(), Kill> {
         u64::from_le_bytes(v)
     };
     let (rax, rip, rflags, user_rsp) = (w(0), w(1), w(2), w(3));
-    if !GuestCpu::enterable(rip, user_rsp) {
-        return kill!("IRET_USER: bad user rip {rip:#x} or rsp {user_rsp:#x}");
-    }
-    enter_user(cx, rax, rip, rflags, user_rsp)
+    enter_user(cx, rax, rip, rflags, user_rsp, None)
 }
 
 /// `LHCALL_SET_SEGMENT_BASE(which, base)`: the FS base, the guest kernel's
@@ -325,6 +367,19 @@ fn set_segment_base(cx: &mut Ctx<'_>, which: u64, base: u64) -> Result<(), Kill>
         uapi::LGUEST_BASE_USER_GS => cpu.gs_other = base,
         _ => return kill!("SET_SEGMENT_BASE: no segment base {which}"),
     }
+    Ok(())
+}
+
+/// `LHCALL_GET_SEGMENT_BASE(which)`: a base as it is now, in RAX (the call
+/// comes from kernel mode, so the user GS base is the other mode's).
+fn get_segment_base(cx: &mut Ctx<'_>, which: u64) -> Result<(), Kill> {
+    let cpu = &mut cx.vcpu.cpu;
+    cpu.regs.rax = match which {
+        uapi::LGUEST_BASE_FS => cpu.fs_base,
+        uapi::LGUEST_BASE_GS => cpu.gs_base,
+        uapi::LGUEST_BASE_USER_GS => cpu.gs_other,
+        _ => return kill!("GET_SEGMENT_BASE: no segment base {which}"),
+    };
     Ok(())
 }
 

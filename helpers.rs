@@ -31,7 +31,8 @@ mod ffi {
         pub(super) fn lg_read_cr4() -> usize;
         pub(super) fn lg_read_cr3() -> usize;
         pub(super) fn lg_read_efer() -> usize;
-        pub(super) fn lg_read_lstar() -> usize;
+        pub(super) fn lg_read_syscall_msrs(out: *mut u64);
+        pub(super) fn lg_write_syscall_msrs(v: *const u64);
         pub(super) fn lg_cpuid(leaf: u32, subleaf: u32, out: *mut u32);
         pub(super) fn lg_cpu_id() -> u32;
         pub(super) fn lg_page_offset_base() -> usize;
@@ -53,6 +54,7 @@ mod ffi {
         pub(super) fn lg_refusal_text(n: u32) -> *const core::ffi::c_char;
         pub(super) fn lg_user_shstk() -> bool;
         pub(super) fn lg_meltdown_without_pti() -> bool;
+        pub(super) fn lg_cpu_meltdown() -> bool;
         pub(super) fn lg_fpu_xsave_mask() -> u64;
         pub(super) fn lg_fpu_begin();
         pub(super) fn lg_fpu_end();
@@ -283,6 +285,12 @@ pub(crate) unsafe fn fpu_begin() {
 pub(crate) unsafe fn fpu_end() {
     // SAFETY: As the caller promises.
     unsafe { ffi::lg_fpu_end() }
+}
+
+/// The CPU is affected by Meltdown (page-table isolation on or off).
+pub(crate) fn cpu_meltdown() -> bool {
+    // SAFETY: Reads the boot CPU's bug bits.
+    unsafe { ffi::lg_cpu_meltdown() }
 }
 
 /// The CPU is affected by Meltdown and page-table isolation is off.
@@ -562,10 +570,28 @@ pub(crate) fn syscall_entry() -> usize {
     core::ptr::addr_of!(ffi::lguest_syscall) as usize
 }
 
-/// This CPU's MSR_LSTAR: the host kernel's SYSCALL entry.
-pub(crate) fn read_lstar() -> u64 {
-    // SAFETY: LSTAR exists on every x86-64 CPU; reading it has no effects.
-    unsafe { ffi::lg_read_lstar() as u64 }
+/// This CPU's MSR_LSTAR, MSR_STAR and MSR_SYSCALL_MASK.
+pub(crate) fn syscall_msrs() -> [u64; 3] {
+    let mut v = [0u64; 3];
+    // SAFETY: The three MSRs exist on every x86-64 CPU; reading them has no
+    // effects; `v` has room for the three values.
+    unsafe { ffi::lg_read_syscall_msrs(v.as_mut_ptr()) };
+    v
+}
+
+/// Loads this CPU's MSR_LSTAR, MSR_STAR and MSR_SYSCALL_MASK with `v` (the
+/// `syscall_msr_test` knob).
+///
+/// # Safety
+///
+/// Interrupts must be off, and the caller must put the values it read
+/// with [`syscall_msrs`] back before they come on: until then no `syscall`
+/// can run on this CPU (only the host kernel runs, which makes none, and
+/// the guest, for which the switcher loads its own).
+pub(crate) unsafe fn set_syscall_msrs(v: [u64; 3]) {
+    // SAFETY: As the caller promises; the values are any a `wrmsr` to
+    // these MSRs accepts (the caller's are canonical addresses and masks).
+    unsafe { ffi::lg_write_syscall_msrs(v.as_ptr()) };
 }
 
 /// Whether SYSENTER exists in long mode on this CPU: it does on Intel

@@ -81,6 +81,11 @@ pub(crate) fn check_host(simulate: u32) -> Result {
         on(CR4_UMIP),
         crate::uapi::LGUEST_API_VERSION
     );
+    if helpers::cpu_meltdown() {
+        // The host's PTI does not change the guests' tables: page 0 is
+        // mapped (supervisor) in each, with the direct system call's state.
+        pr_warn!("this CPU is affected by Meltdown: a guest's processes could read this CPU's switcher page 0 in their own tables (the guest kernel's GS base and entry, the shadow roots' physical addresses), whatever the host's page-table isolation\n");
+    }
     if helpers::meltdown_without_pti() {
         pr_warn!("this CPU is affected by Meltdown and page-table isolation is off: a guest could read the kernel memory its page tables map (the switcher's pages; see Documentation/switcher.rst)\n");
     }

@@ -38,8 +38,9 @@ pub(crate) const FIRST_IRQ_VECTOR: u64 = 32;
 /// Gate types of `LHCALL_LOAD_IDT_ENTRY`.
 const GATE_INTERRUPT: u64 = 0xE;
 const GATE_TRAP: u64 = 0xF;
-/// RFLAGS.TF.
+/// RFLAGS.TF and NT, which delivery through a gate clears.
 const X86_EFLAGS_TF: u64 = 0x100;
+const X86_EFLAGS_NT: u64 = 0x4000;
 
 /// One entry of the guest's IDT.
 #[derive(Clone, Copy, Default)]
@@ -105,7 +106,31 @@ pub(crate) fn deliver(cx: &mut Ctx<'_>, vector: u64, error: u64) -> Result<bool,
         return Ok(false);
     }
     let error = has_error_code(vector).then_some(error);
-    enter_kernel(cx, vector, error, gate.handler, gate.interrupt)
+    enter_kernel(cx, vector, error, gate.handler, gate.interrupt, None)
+}
+
+/// A return to user mode that the CPU's `iretq` would refuse, the guest
+/// already in user mode at the return's state: the #GP(`error`) goes to
+/// the guest kernel as taken there, its frame with the return's own `cs`
+/// and `ss` (RPL 3, so a Linux guest's `user_mode(regs)` holds), as
+/// native Linux's `fixup_bad_iret` builds it; the process then gets its
+/// SIGSEGV. Without a #GP handler the guest is killed.
+pub(crate) fn bad_user_return(cx: &mut Ctx<'_>, error: u64, cs: u64, ss: u64) -> Result<(), Kill> {
+    let gate = cx.vcpu.idt[13];
+    if gate.handler != 0
+        && enter_kernel(
+            cx,
+            13,
+            Some(error),
+            gate.handler,
+            gate.interrupt,
+            Some((cs, ss)),
+        )?
+    {
+        return Ok(());
+    }
+    let rip = cx.vcpu.cpu.regs.rip;
+    kill!("a return to user mode at rip {rip:#x} raised #GP({error:#x}), and the guest has no #GP handler")
 }
 
 /// A user-mode `syscall` at RIP (the host saw its #UD): enters the guest
@@ -135,7 +160,7 @@ fn deliver_syscall(cx: &mut Ctx<'_>) -> Result<bool, Kill> {
         return Ok(true);
     }
     cx.vcpu.cpu.regs.rip = rip + 2;
-    if !enter_kernel(cx, SYSCALL_EVENT, None, entry, true)? {
+    if !enter_kernel(cx, SYSCALL_EVENT, None, entry, true, None)? {
         return Ok(false);
     }
     let r = &mut cx.vcpu.cpu.regs;
@@ -171,13 +196,15 @@ const SYSCALL_EVENT: u64 = 0x100;
 
 /// Enters the guest kernel at `handler` for event `vector` (pushing `error`
 /// if there is one), as [`deliver`] describes; `interrupt`: virtual
-/// interrupts off (an interrupt gate, or `syscall`).
+/// interrupts off (an interrupt gate, or `syscall`); `selectors`: the CS
+/// and SS of the frame, if not those of the mode the event came from.
 fn enter_kernel(
     cx: &mut Ctx<'_>,
     vector: u64,
     error: Option<u64>,
     handler: u64,
     interrupt: bool,
+    selectors: Option<(u64, u64)>,
 ) -> Result<bool, Kill> {
     let Some(ld) = cx.vcpu.lguest_data else {
         return Ok(false);
@@ -202,7 +229,7 @@ fn enter_kernel(
         let flags = (regs.rflags & !uapi::X86_EFLAGS_IF) | (irq_enabled & uapi::X86_EFLAGS_IF);
         (regs.rsp, flags)
     };
-    let (cs, ss) = cx.vcpu.frame_selectors(user_mode);
+    let (cs, ss) = selectors.unwrap_or(cx.vcpu.frame_selectors(user_mode));
     let mut frame = [0u64; 6];
     let mut n = 0;
     if let Some(error) = error {
@@ -227,7 +254,7 @@ fn enter_kernel(
     let r = &mut cx.vcpu.cpu.regs;
     r.rsp = new_rsp;
     r.rip = handler;
-    r.rflags &= !X86_EFLAGS_TF;
+    r.rflags &= !(X86_EFLAGS_TF | X86_EFLAGS_NT);
     if interrupt {
         ld.set_irq_enabled(cx.mem, false)?;
     } else if user_mode {

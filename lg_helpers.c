@@ -108,12 +108,20 @@ unsigned long lg_read_efer(void)
 	return efer;
 }
 
-unsigned long lg_read_lstar(void)
+/* LSTAR, STAR and SYSCALL_MASK of this CPU (syscall_msr_test). */
+void lg_read_syscall_msrs(u64 out[3])
 {
-	u64 lstar;
+	rdmsrq(MSR_LSTAR, out[0]);
+	rdmsrq(MSR_STAR, out[1]);
+	rdmsrq(MSR_SYSCALL_MASK, out[2]);
+}
 
-	rdmsrq(MSR_LSTAR, lstar);
-	return lstar;
+/* Interrupts off; the caller puts the host's values back before they come on. */
+void lg_write_syscall_msrs(const u64 in[3])
+{
+	wrmsrq(MSR_LSTAR, in[0]);
+	wrmsrq(MSR_STAR, in[1]);
+	wrmsrq(MSR_SYSCALL_MASK, in[2]);
 }
 
 void lg_cpuid(unsigned int leaf, unsigned int subleaf, unsigned int out[4])
@@ -380,6 +388,12 @@ const char *lg_host_refusal(void)
 bool lg_user_shstk(void)
 {
 	return cpu_feature_enabled(X86_FEATURE_USER_SHSTK);
+}
+
+/* A Meltdown-affected CPU, whatever the page-table isolation. */
+bool lg_cpu_meltdown(void)
+{
+	return boot_cpu_has_bug(X86_BUG_CPU_MELTDOWN);
 }
 
 /* A Meltdown-affected CPU without page-table isolation. */

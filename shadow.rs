@@ -296,14 +296,16 @@ struct SharedUpper {
 /// shared tree rather than each of them.
 const NONGLOBAL_MAX: usize = 4096;
 
-/// The top-level entries of the upper half of a 4-level guest: slots 256
-/// to 511 of a 4-level shadow, or slot 511 of a 5-level one (whose table
-/// below holds all of them).
+/// The top-level entries of the upper half a 4-level guest may map (from
+/// `uapi::GUEST_UPPER_START`): slots 272 to 511 of a 4-level shadow, past
+/// the guard hole and the switcher's slot 256 in it, or slot 511 of a
+/// 5-level one (whose table below holds all of them; the switcher's slot
+/// is 256 of the top level there).
 fn upper_slots(levels: u32) -> core::ops::Range<usize> {
     if levels == 5 {
         511..512
     } else {
-        256..512
+        ((crate::uapi::GUEST_UPPER_START >> 39) & 511) as usize..512
     }
 }
 
@@ -319,6 +321,9 @@ impl SharedUpper {
     /// Makes `kernel`'s upper-half top-level entries this tree's.
     fn link(&self, kernel: &mut ShadowTable) {
         for i in upper_slots(self.table.levels) {
+            // Never the switcher's: replacing it would run the next entry
+            // without the alias (`map_block` would still think it mapped).
+            debug_assert!(i != crate::switcher::SWITCHER_SLOT);
             let e = self.table.top(i);
             if e != 0 {
                 kernel.set_top(i, e);

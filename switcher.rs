@@ -97,8 +97,12 @@ mod slot {
 }
 
 /// RFLAGS bits the guest (or the launcher) may set: CF, PF, AF, ZF, SF, TF,
-/// DF, OF, AC. IF is always on, IOPL always 0.
-const RFLAGS_GUEST_MASK: u64 = 0x1 | 0x4 | 0x10 | 0x40 | 0x80 | 0x100 | 0x400 | 0x800 | 0x4_0000;
+/// DF, OF, NT, AC. IF is always on, IOPL always 0. NT is the guest's as
+/// on hardware (a process may set it with popf and keeps it across system
+/// calls): ring 0 never runs with it, since every event into the switcher
+/// clears it (interrupt and exception delivery, and SYSCALL by its mask).
+const RFLAGS_GUEST_MASK: u64 =
+    0x1 | 0x4 | 0x10 | 0x40 | 0x80 | 0x100 | 0x400 | 0x800 | 0x4000 | 0x4_0000;
 const RFLAGS_FIXED: u64 = 0x2 | 0x200;
 
 /// The top-level slot of the switcher's alias: the first of the x86 guard
@@ -319,10 +323,17 @@ struct HostState {
     guest_entry: u64,
     /// `lguest_host_resume` in the module's text.
     host_resume: u64,
-    /// The host's MSR_LSTAR, and `lguest_syscall` in the alias.
+    /// With the direct system call: MSR_LSTAR as the entry found it, and
+    /// `lguest_syscall` in the alias.
     host_lstar: u64,
     direct_lstar: u64,
-    _pad: [u8; 4096 - 240],
+    /// MSR_STAR and MSR_SYSCALL_MASK as the entry found them, and the host
+    /// kernel's own ([`DIRECT_STAR`], [`DIRECT_SFMASK`]).
+    host_star: u64,
+    host_sfmask: u64,
+    direct_star: u64,
+    direct_sfmask: u64,
+    _pad: [u8; 4096 - 272],
 }
 
 /// One CPU's block, as `switcher_64.S` sees it.
@@ -467,7 +478,23 @@ asm_offset! {
     "LG_HOST_RESUME" => host.host_resume;
     "LG_HOST_LSTAR" => host.host_lstar;
     "LG_DIRECT_LSTAR" => host.direct_lstar;
+    "LG_HOST_STAR" => host.host_star;
+    "LG_HOST_SFMASK" => host.host_sfmask;
+    "LG_DIRECT_STAR" => host.direct_star;
+    "LG_DIRECT_SFMASK" => host.direct_sfmask;
 }
+
+/// MSR_STAR as Linux's `syscall_init` writes it: SYSCALL's CS `__KERNEL_CS`
+/// (0x10, so SS 0x18), SYSRET's base `__USER32_CS` (0x23). The direct
+/// system call needs the first: our GDT's kernel code and data.
+const DIRECT_STAR: u64 = (0x23 << 48) | (0x10 << 32);
+/// MSR_SYSCALL_MASK as `syscall_init` writes it: CF PF AF ZF SF TF IF DF
+/// OF IOPL NT RF AC ID. The direct system call needs IF, TF, DF, AC and NT
+/// clear in `lguest_syscall` (Documentation/switcher.rst, "The direct
+/// system call").
+const DIRECT_SFMASK: u64 = 0x25_7fd5;
+/// A STAR the `syscall_msr_test` knob loads: FreeBSD's (SYSCALL's CS 0x20).
+const FOREIGN_STAR: u64 = (0x1b << 48) | (0x20 << 32);
 
 const _: () = assert!(asm_define("LG_FRAME") + 22 * 8 == 4096);
 // The other numbers the switcher shares with this file and the ABI.
@@ -573,6 +600,10 @@ pub(crate) struct GuestCpu {
     /// `syscall`s to the direct entry, `LGUEST_SYSRET_VECTOR` returns.
     pub(crate) direct_syscalls: u64,
     pub(crate) direct_sysrets: u64,
+    /// The `syscall_msr_test` knob: an exit that did not put back the
+    /// foreign LSTAR, STAR and SYSCALL_MASK loaded before the entry
+    /// (what it left, what it should have).
+    pub(crate) msr_test_lost: Option<([u64; 3], [u64; 3])>,
 }
 
 impl GuestCpu {
@@ -590,20 +621,12 @@ impl GuestCpu {
         (flags & RFLAGS_GUEST_MASK) | RFLAGS_FIXED
     }
 
-    /// Whether RIP and RSP are what a launcher or a guest kernel may set:
-    /// guest addresses ([`uapi::guest_va_ok`], [`uapi::guest_sp_ok`]).
+    /// Whether RIP and RSP are what a launcher or a guest kernel may set
+    /// for kernel mode: guest addresses ([`uapi::guest_va_ok`],
+    /// [`uapi::guest_sp_ok`]). Returns to user mode take any RSP and any
+    /// RIP (`hcall::enter_user`), as an `iretq` does.
     pub(crate) fn enterable(rip: u64, rsp: u64) -> bool {
-        Self::enterable_rip(rip) && uapi::guest_sp_ok(rsp)
-    }
-
-    /// Whether the switcher may enter the guest at `rip`: the iretq into
-    /// the guest faults in ring 0 on a non-canonical RIP, and the last
-    /// lower-half page and the guard hole are never the guest's. RSP needs no check there: an
-    /// iretq loads any RSP without a fault (only the return RIP is checked;
-    /// Linux too returns to user mode through iretq with whatever RSP the
-    /// process had), and the guest may keep any value in it.
-    pub(crate) fn enterable_rip(rip: u64) -> bool {
-        uapi::guest_va_ok(rip)
+        uapi::guest_va_ok(rip) && uapi::guest_sp_ok(rsp)
     }
 }
 
@@ -615,7 +638,8 @@ impl CpuBlock {
         self.host.guest_entry = entry.guest_entry;
         self.host.host_resume = entry.host_resume;
         self.host.direct_lstar = entry.syscall;
-        self.host.host_lstar = entry.host_lstar;
+        self.host.direct_star = DIRECT_STAR;
+        self.host.direct_sfmask = DIRECT_SFMASK;
         self.exit.self_ptr = addr;
         self.ist.self_ptr = addr;
         self.exit.verw_sel = KERNEL_DS;
@@ -698,16 +722,12 @@ struct HostFeatures {
 
 /// The addresses a block records: where the switcher's code is entered
 /// (the alias's IDT stubs, entry and SYSCALL entry, and the module-text
-/// resume point), and the host's own SYSCALL entry.
+/// resume point).
 struct EntryPoints {
     stubs: u64,
     guest_entry: u64,
     host_resume: u64,
     syscall: u64,
-    /// MSR_LSTAR, read once at load: Linux writes the same entry
-    /// (`entry_SYSCALL_64`) on every CPU, in `syscall_init`, and never
-    /// changes it (FRED hosts, which do not use it, are refused).
-    host_lstar: u64,
 }
 
 /// The per-CPU blocks: `BLOCK_PAGES` pages per possible CPU, mapped
@@ -925,7 +945,6 @@ impl Switcher {
             guest_entry: in_alias(guest_entry),
             host_resume: host_resume as u64,
             syscall: in_alias(helpers::syscall_entry()),
-            host_lstar: helpers::read_lstar(),
         };
         let features = HostFeatures {
             cet,
@@ -1128,7 +1147,11 @@ impl Switcher {
         seen: u64,
     ) -> Result<Exit> {
         let r = vcpu.regs;
-        if !GuestCpu::enterable_rip(r.rip) {
+        // The iretq into the guest faults in ring 0 on a RIP that is not
+        // canonical for this host: the only RIP the switcher refuses. Any
+        // other (the last lower-half page, the guard hole) is a page fault
+        // in ring 3, and RSP is loaded as it is, whatever it holds.
+        if !self.canonical(r.rip) {
             return Ok(Exit::BadState { rip: r.rip });
         }
         let upper = shadows.upper();
@@ -1231,11 +1254,31 @@ impl Switcher {
             unsafe { helpers::fpu_begin() };
             self.fpu_load(fpu);
         }
+        // The tests' foreign SYSCALL MSRs (`syscall_msr_test`), as a KVM
+        // guest's can be live here: another LSTAR, a FreeBSD STAR (kernel
+        // CS 0x20, null in our GDT) and a hostile SYSCALL_MASK of 0.
+        let foreign =
+            (direct && crate::module_parameters::syscall_msr_test.value() != 0).then(|| {
+                let real = helpers::syscall_msrs();
+                let foreign = [real[0] ^ 0x1000, FOREIGN_STAR, 0];
+                // SAFETY: Interrupts are off (`_irqs_off`); `real` goes back
+                // right after the switch, before they come on.
+                unsafe { helpers::set_syscall_msrs(foreign) };
+                (real, foreign)
+            });
         // SAFETY: Interrupts are off (`_irqs_off`), `block` is this CPU's
         // block, set up in `CpuBlock::init` and just now; the host's CR3
         // maps the alias (checked above) and `shadow` maps the alias's text
         // and this block (`map_block`).
         unsafe { helpers::switch_to_guest(block.cast()) };
+        if let Some((real, foreign)) = foreign {
+            let back = helpers::syscall_msrs();
+            // SAFETY: As above: the host's own values, interrupts still off.
+            unsafe { helpers::set_syscall_msrs(real) };
+            if back != foreign {
+                vcpu.msr_test_lost = Some((back, foreign));
+            }
+        }
         if fpu.active {
             self.fpu_save(fpu);
             // SAFETY: Closes the section opened above, interrupts still off.
@@ -1278,6 +1321,11 @@ impl Switcher {
         }
         vcpu.direct_syscalls += b.exit.direct_syscalls;
         vcpu.direct_sysrets += b.exit.direct_sysrets;
+        // Page 0 is mapped in every guest's view of this CPU: leave nothing
+        // of this guest's direct switch there for the next (review N5).
+        b.exit.scratch_rsp = 0;
+        b.exit.scratch_rax = 0;
+        b.exit.scratch_rdx = 0;
 
         // NMIs and machine checks are never dropped: whether they hit the
         // guest or the switcher, the host's own handler runs now.
@@ -1326,11 +1374,18 @@ impl Switcher {
             } else {
                 start as u64
             };
-            return Ok(Exit::SwitcherFault {
+            let exit = Exit::SwitcherFault {
                 vector: b.exit.r0_vector,
                 error: b.exit.r0_error,
                 offset: rip.wrapping_sub(base),
-            });
+            };
+            // A host interrupt that hit the switcher in ring 0 has been
+            // accepted by the local APIC: it still goes to its handler (and
+            // EOI), or its priority class stays blocked on this CPU.
+            if (32..256).contains(&b.exit.r0_vector) {
+                Self::deliver_to_host(b.host.idtr.base, b.exit.r0_vector);
+            }
+            return Ok(exit);
         }
         if aborted {
             return Ok(Exit::Aborted);

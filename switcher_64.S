@@ -153,8 +153,12 @@
 #define LG_HOST_PL3_SSP		16584
 #define LG_GUEST_ENTRY		16592	/* lguest_guest_entry in the alias */
 #define LG_HOST_RESUME		16600	/* lguest_host_resume in the module's text */
-#define LG_HOST_LSTAR		16608	/* the host's MSR_LSTAR */
+#define LG_HOST_LSTAR		16608	/* MSR_LSTAR as the entry found it */
 #define LG_DIRECT_LSTAR		16616	/* lguest_syscall in the alias */
+#define LG_HOST_STAR		16624	/* MSR_STAR as the entry found it */
+#define LG_HOST_SFMASK		16632	/* MSR_SYSCALL_MASK as the entry found it */
+#define LG_DIRECT_STAR		16640	/* the host kernel's STAR (syscall_init's) */
+#define LG_DIRECT_SFMASK	16648	/* the host kernel's SYSCALL_MASK */
 
 /*
  * Where the alias maps this CPU's page 0 a second time, from the alias's
@@ -166,8 +170,8 @@
 #define LG_SYSRET_VECTOR	27
 /* The frame's vector of an exit with nothing to report: the host resumes. */
 #define LG_VECTOR_NONE		256
-/* RFLAGS bits a guest keeps (switcher.rs RFLAGS_GUEST_MASK): CF PF AF ZF SF TF DF OF AC. */
-#define LG_RFLAGS_GUEST_MASK	265685
+/* RFLAGS bits a guest keeps (switcher.rs RFLAGS_GUEST_MASK): CF PF AF ZF SF TF DF OF NT AC. */
+#define LG_RFLAGS_GUEST_MASK	282069
 #define LG_GUEST_CS		51
 #define LG_GUEST_SS		43
 #define LG_HCALL_VECTOR		31
@@ -213,6 +217,18 @@
 .endm
 
 /* Saves MSR \msr into the 64-bit slot at \off(%rdi). Clobbers eax, ecx, edx. */
+/*
+ * Writes MSR \msr from \new(%rdi) unless \now(%rdi), what it holds, is the
+ * same value already (a write is serializing). Clobbers rax, ecx, edx.
+ */
+.macro SET_IF_OTHER msr, now, new
+	mov	\now(%rdi), %rax
+	cmp	\new(%rdi), %rax
+	je	.Lsame_\@
+	WRMSR_FROM \msr, \new
+.Lsame_\@:
+.endm
+
 .macro RDMSR_TO msr, off
 	mov	$\msr, %ecx
 	rdmsr
@@ -325,12 +341,21 @@ SYM_FUNC_START(lguest_switch_to_guest)
 	/*
 	 * EFER every time it is switched (not with the direct system call,
 	 * which leaves SCE on): it is not constant (kvm_amd sets EFER.SVME
-	 * while it has virtualization enabled on a CPU).
+	 * while it has virtualization enabled on a CPU). With the direct
+	 * system call, the three SYSCALL MSRs as they are: not always the
+	 * host kernel's, since KVM on Intel leaves its guest's STAR, LSTAR
+	 * and SYSCALL_MASK loaded until a task on this CPU returns to user
+	 * mode (a user-return notifier), which the RUN thread, in the kernel,
+	 * need not have done. The exit puts back exactly these.
 	 */
 	cmpl	$0, LG_DIRECT(%rdi)
 	jne	1f
 	RDMSR_TO MSR_EFER, LG_HOST_EFER
-1:
+	jmp	2f
+1:	RDMSR_TO MSR_LSTAR, LG_HOST_LSTAR
+	RDMSR_TO MSR_STAR, LG_HOST_STAR
+	RDMSR_TO MSR_SYSCALL_MASK, LG_HOST_SFMASK
+2:
 	cmpl	$0, LG_SYSENTER(%rdi)
 	je	1f
 	RDMSR_TO MSR_IA32_SYSENTER_CS, LG_HOST_SYSENTER_CS
@@ -425,6 +450,14 @@ SYM_INNER_LABEL(lguest_entry_window, SYM_L_GLOBAL)
 	cmpl	$0, LG_DIRECT(%rdi)
 	je	1f
 	WRMSR_FROM MSR_LSTAR, LG_DIRECT_LSTAR
+	/*
+	 * lguest_syscall relies on the host kernel's STAR (CS 0x10 and SS
+	 * 0x18 in ring 0, selectors our GDT has) and SYSCALL_MASK (IF, TF,
+	 * DF, AC and NT clear: no interrupt before RSP is page 0's, nothing
+	 * for the iretq to trip on): each written where another's is live.
+	 */
+	SET_IF_OTHER MSR_STAR, LG_HOST_STAR, LG_DIRECT_STAR
+	SET_IF_OTHER MSR_SYSCALL_MASK, LG_HOST_SFMASK, LG_DIRECT_SFMASK
 	jmp	2f
 1:	mov	$MSR_EFER, %ecx
 	mov	LG_HOST_EFER(%rdi), %eax
@@ -869,6 +902,8 @@ SYM_CODE_START(lguest_host_resume)
 	WRMSR_FROM MSR_EFER, LG_HOST_EFER
 	jmp	5f
 4:	WRMSR_FROM MSR_LSTAR, LG_HOST_LSTAR
+	SET_IF_OTHER MSR_STAR, LG_DIRECT_STAR, LG_HOST_STAR
+	SET_IF_OTHER MSR_SYSCALL_MASK, LG_DIRECT_SFMASK, LG_HOST_SFMASK
 5:
 	cmpl	$0, LG_SYSENTER(%rdi)
 	je	1f
@@ -1021,6 +1056,15 @@ _ASM_NOKPROBE(\name)
 	mov	%dr6, %rax
 	mov	%rax, LG_DB_DR6(%rdi)
 	incq	LG_DB_COUNT(%rdi)
+	/*
+	 * An instruction breakpoint (B0-B3) on the alias faults again at the
+	 * same instruction unless RF is set for the return, as Linux's own
+	 * handler sets it: without, the CPU would hang there.
+	 */
+	test	$0xf, %al
+	jz	.Lno_rf_\@
+	orq	$X86_EFLAGS_RF, 48(%rsp)
+.Lno_rf_\@:
 	mov	$DR6_RESERVED, %eax
 	mov	%rax, %dr6
 	andq	$~X86_EFLAGS_TF, 48(%rsp)

@@ -305,6 +305,14 @@ impl Vm {
                 seen,
             )?;
             vcpu.stat_exits += 1;
+            if let Some((back, want)) = vcpu.cpu.msr_test_lost.take() {
+                let lost: Result<(), Kill> =
+                    kill!("syscall_msr_test: the exit left LSTAR, STAR, SYSCALL_MASK {back:#x?}, not {want:#x?}");
+                if let Err(k) = lost {
+                    record_kill(dead, k);
+                }
+                continue;
+            }
             vcpu.stat_fpu_entries += fpu_loaded as u64;
             if upper
                 && sw.flushes_global()
@@ -324,7 +332,7 @@ impl Vm {
                     continue;
                 }
                 Exit::BadState { rip } => {
-                    kill!("the guest cannot run at rip {rip:#x}: beyond the last guest page")
+                    kill!("the guest cannot run at rip {rip:#x}: not a canonical address")
                 }
                 Exit::SwitcherFault {
                     vector,

@@ -75,7 +75,7 @@ while read -r prog _; do
 	[ -n "$prog" ] || continue
 	cp "$BIN/$prog" "$ROOT/selftests/lguest/$prog" || fail "test program $prog was not built"
 done <"$REPO/selftests/tests.list"
-cp "$BIN/lguest_bench" "$BIN/lguest_netbench" "$BIN/lguest_peer_bench" "$ROOT/selftests/lguest/"
+cp "$BIN/lguest_bench" "$BIN/lguest_netbench" "$BIN/lguest_peer_bench" "$BIN/lguest_probe" "$ROOT/selftests/lguest/"
 # The peer benchmark's peers (PEERS=all or a list, scripts/bench.sh; never
 # make test): runsc, UML and its libraries, and the script that runs them.
 cp "$REPO/harness/peerbench.sh" "$ROOT/usr/share/lguest/peerbench.sh"
@@ -103,6 +103,7 @@ mkdir -p "$GROOT/bin"
 cp /bin/busybox "$GROOT/bin/busybox"
 cp "$BIN/lguest_linux_user" "$GROOT/bin/lguest-linux-user"
 cp "$BIN/lguest_peer_bench" "$GROOT/bin/lguest-peer-bench"
+cp "$BIN/lguest_probe" "$GROOT/bin/lguest-probe"
 cp "$BIN/lguest-tcpsink" "$GROOT/bin/lguest-tcpsink"
 cp "$REPO/guest/linux/init" "$GROOT/init"
 ( cd "$GROOT" && find . | cpio -o -H newc --quiet | gzip -1 ) >"$ROOT/usr/share/lguest/guests/linux-initramfs.gz"

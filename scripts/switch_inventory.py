@@ -115,6 +115,10 @@ FIELD = {
 # host_selectors test sees it); the guest's selectors are null too.
 HOST = {"host_ldt": 0, "host_ds": 0, "host_es": 0, "host_fs": 0, "host_gs": 0}
 LG_GUEST_ENTRY, LG_HOST_RESUME = 16592, 16600
+# STAR and SYSCALL_MASK as the entry found them, and the host kernel's:
+# the walk takes them equal (the host's own values live, as they are but
+# where KVM left its guest's), so neither is written (SET_IF_OTHER).
+SAME_MSR_PAIRS = ({16624, 16640}, {16632, 16648})
 # The frame's vector slot (LG_FRAME + 15 * 8), where the direct paths keep
 # RSP while they address page 0 relative to it.
 VECTOR_SLOT = 3920 + 15 * 8
@@ -229,6 +233,12 @@ def walk(syms, insn, fields, vector, from_guest=True, exit_by=None):
         elif op == "movq" and re.match(r"0x([0-9a-f]+)\(%rdi\), %rax$", args):
             off = int(args.split("(")[0], 16)
             regs["rax"] = {LG_GUEST_ENTRY: syms["lguest_guest_entry"], LG_HOST_RESUME: syms["lguest_host_resume"]}.get(off)
+            regs["rax_from"] = off
+        elif op == "cmpq" and re.match(r"0x([0-9a-f]+)\(%rdi\), %rax$", args):
+            off = int(args.split("(")[0], 16)
+            if {off, regs.get("rax_from")} not in SAME_MSR_PAIRS:
+                sys.exit(f"switch_inventory: {pc:#x}: {op} {args}: unknown operands")
+            zf = True
         elif op == "movq" and args == "0x4000(%rdi), %rsp":
             # LG_HOST_RSP: the host stack as it was before the entry's
             # call (whose return address is never used).

@@ -529,6 +529,16 @@ pub const fn guest_sp_ok(sp: u64) -> bool {
     sp <= GUEST_VA_END || sp >= GUEST_UPPER_START
 }
 
+/// Whether `va` is canonical for the guest: a 4-level machine (48-bit
+/// virtual addresses, bits 63 to 47 all equal) on every host, 5-level
+/// ones included. A return to user mode at a RIP that is not gets the #GP
+/// a 4-level CPU's `iretq` raises (Documentation/guest-abi.rst, "Returns
+/// to user mode").
+pub const fn guest_canonical(va: u64) -> bool {
+    let top = (va as i64) >> 47;
+    top == 0 || top == -1
+}
+
 /// The lowest address a guest image may be loaded at: the first 1 MiB is left
 /// unmapped, so that a null pointer in the guest faults.
 pub const LGUEST_LOAD_MIN: u64 = 0x10_0000;
@@ -655,9 +665,18 @@ pub const LHCALL_SET_SEGMENT_BASE: u64 = 22;
 /// RFLAGS.IF says, atomically (a pending interrupt is delivered before the
 /// next instruction if IF is set); [`LGUEST_GUEST_CS`]/[`LGUEST_GUEST_SS`]
 /// (with the flag; [`LGUEST_USER_CS`]/[`LGUEST_GUEST_SS`] without) return
-/// to user mode as [`LHCALL_IRET_USER`] does, with its requirements. Any
-/// other pair, or a RIP or RSP the guest may not run at, kills the guest.
-/// Not allowed in the async ring.
+/// to user mode as [`LHCALL_IRET_USER`] does, with its requirements. As
+/// the CPU's `iretq`, CS's RPL decides: RPL 3 is a return to user mode,
+/// where any RSP is taken and a CS other than [`LGUEST_GUEST_CS`], then
+/// an SS other than [`LGUEST_GUEST_SS`], then a RIP that is not
+/// [`guest_canonical`], is the #GP (error: the selector without its RPL,
+/// or 0 for the RIP) that a native `iretq` raises, delivered to the guest
+/// kernel as taken in user mode at the frame's state, the frame's own CS
+/// and SS in it (as Linux's `fixup_bad_iret` makes it). A return to the
+/// kernel with another pair, or a RIP or RSP the guest may not run at,
+/// kills the guest. Only with [`LGUEST_INIT_LINUX_FRAMES`] (without, the
+/// guest is killed: the kernel pair would have RPL 3, which a user
+/// `sigreturn` can forge). Not allowed in the async ring.
 pub const LHCALL_IRET: u64 = 23;
 /// Hypercall: invalidate the shadow of the page at guest-virtual argument
 /// 1, in the current root and, for an upper-half page, in the shared
@@ -665,6 +684,14 @@ pub const LHCALL_IRET: u64 = 23;
 /// [`LGUEST_INIT_TLB_SHADOWS`] it is [`LHCALL_SET_PTE`] of that page:
 /// dropped in every root.
 pub const LHCALL_INVLPG: u64 = 24;
+/// Hypercall: read a segment base (argument 1: `LGUEST_BASE_*`), the
+/// result in RAX (the one hypercall that returns a value; not allowed in
+/// the async ring). What a kernel reads with `rdmsr`, `rdfsbase` or
+/// `swapgs; rdgsbase` natively: the bases as they are now, guest user
+/// mode's GS base as user mode last left it (it may have written it with
+/// `wrgsbase`, which the host sees only at its next switch), where
+/// [`LHCALL_SET_SEGMENT_BASE`] only writes them.
+pub const LHCALL_GET_SEGMENT_BASE: u64 = 25;
 /// [`LHCALL_SET_SYSCALL`] arg 2: the direct system call, the native
 /// contract, switched by the switcher without the host's run loop where it
 /// can (Documentation/switcher.rst, "The direct system call").
@@ -718,11 +745,14 @@ pub const LGUEST_BASE_USER_GS: u64 = 2;
 pub struct LguestIretUser {
     /// User RAX.
     pub rax: u64,
-    /// User RIP (a lower-half address).
+    /// User RIP: one that is not [`guest_canonical`] is a #GP(0) in user
+    /// mode at it, delivered to the guest kernel, as a native `iretq` to it
+    /// faults (the last lower-half page and the guard hole, never mapped
+    /// for a guest, fault when fetched).
     pub rip: u64,
     /// User RFLAGS (clamped as for `LGUEST_SET_REGS`; IF is implied).
     pub rflags: u64,
-    /// User RSP (a lower-half address).
+    /// User RSP: any value, as an `iretq` to ring 3 loads any.
     pub rsp: u64,
 }
 
@@ -733,13 +763,14 @@ pub struct LguestIretUser {
 pub struct LguestIret {
     /// RAX to return with (the call itself needs RAX).
     pub rax: u64,
-    /// Where to return (below [`GUEST_VA_END`]).
+    /// Where to return (for kernel mode a [`guest_va_ok`] address; for user
+    /// mode see [`LHCALL_IRET`]).
     pub rip: u64,
     /// Kernel or user, by the selectors of [`LHCALL_IRET`].
     pub cs: u64,
     /// RFLAGS (clamped as for `LGUEST_SET_REGS`; IF is the virtual IF).
     pub rflags: u64,
-    /// RSP (at most [`GUEST_VA_END`]).
+    /// RSP (for kernel mode a [`guest_sp_ok`] value; any for user mode).
     pub rsp: u64,
     /// The SS matching `cs`.
     pub ss: u64,

@@ -107,6 +107,7 @@ fn rust_side() -> BTreeMap<&'static str, u64> {
         ("LHCALL_IRET_USER", abi::LHCALL_IRET_USER),
         ("LHCALL_IRET", abi::LHCALL_IRET),
         ("LHCALL_INVLPG", abi::LHCALL_INVLPG),
+        ("LHCALL_GET_SEGMENT_BASE", abi::LHCALL_GET_SEGMENT_BASE),
         ("LHCALL_SET_SYSCALL", abi::LHCALL_SET_SYSCALL),
         ("LHCALL_SET_SEGMENT_BASE", abi::LHCALL_SET_SEGMENT_BASE),
         ("LGUEST_BASE_FS", abi::LGUEST_BASE_FS),

@@ -18,7 +18,8 @@ use core::ptr::{addr_of, addr_of_mut};
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use lguest_abi::{
-    HcallArgs, LguestData, LguestTime, LGUEST_INIT_LINUX_FRAMES, LGUEST_IRQS, LHCALL_LGUEST_INIT, LHCALL_RING_SIZE, LHCALL_STATUS_DONE,
+    HcallArgs, LguestData, LguestTime, LGUEST_INIT_LINUX_FRAMES, LGUEST_IRQS, LHCALL_LGUEST_INIT, LHCALL_RING_SIZE,
+    LHCALL_STATUS_DONE,
 };
 
 use crate::cell::GuestCell;

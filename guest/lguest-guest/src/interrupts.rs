@@ -387,6 +387,10 @@ global_asm!(
     ".globl lguest_user_return",
     ".type lguest_user_return, @function",
     "lguest_user_return:",
+    // With Linux frames every frame is left with LHCALL_IRET, its
+    // selectors included.
+    "    cmpb $0, {linux_frames}(%rip)",
+    "    jne lguest_iret_return",
     // The direct return where it restores the frame exactly: with a direct
     // system-call entry registered, and RCX = RIP, R11 = RFLAGS in the
     // frame (a `syscall`'s, unless the handler changed them), every
@@ -636,9 +640,13 @@ extern "C" fn dispatch(vector: u64, error: u64, frame: *mut TrapFrame) {
     // properly aligned, live until we return, and nothing else refers to it.
     let frame = unsafe { &mut *frame };
     // A frame the host built must say where the event came from as the
-    // ABI says: an interrupted user or kernel context, nothing else.
+    // ABI says: an interrupted user or kernel context, nothing else; but
+    // for the #GP of a return to user mode with selectors the CPU refuses
+    // (Linux frames only), whose frame carries those selectors, as a
+    // native one does.
     let user = frame.from_user();
-    if (frame.cs, frame.ss) != TrapFrame::expected_selectors(user) {
+    let bad_return = user && linux_frames() && vector == 13;
+    if (frame.cs, frame.ss) != TrapFrame::expected_selectors(user) && !bad_return {
         crash_fmt(format_args!(
             "lguest-guest: vector {vector}: frame cs {:#x} ss {:#x}, not the {} selectors of this ABI",
             frame.cs,

@@ -268,7 +268,8 @@ static READY: AtomicBool = AtomicBool::new(false);
 // `lguest_syscall_entry`: the IDT entry of `int $0x80`. It builds a
 // TrapFrame exactly like the library's stubs (error 0, vector 0x80, the 15
 // registers), calls `syscall_dispatch` and leaves through
-// `lguest_user_return` (interrupts.rs), the LHCALL_IRET_USER return path.
+// `lguest_user_return` (interrupts.rs): LHCALL_IRET_USER, the direct
+// return, or with Linux frames LHCALL_IRET.
 // Alignment as in interrupts.rs: the host leaves RSP at 16n - 40, two
 // pushes and 15 more make it 16n - 176.
 global_asm!(

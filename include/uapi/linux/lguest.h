@@ -171,6 +171,7 @@ struct lguest_cpuid {
 #define LHCALL_SET_SEGMENT_BASE	22	/* LGUEST_BASE_*, a canonical base */
 #define LHCALL_IRET		23	/* frame at RSP: struct lguest_iret */
 #define LHCALL_INVLPG		24	/* guest-virtual address */
+#define LHCALL_GET_SEGMENT_BASE	25	/* LGUEST_BASE_*; the base in RAX */
 #define LGUEST_BASE_FS		0
 #define LGUEST_BASE_GS		1	/* guest kernel mode's */
 #define LGUEST_BASE_USER_GS	2	/* guest user mode's */

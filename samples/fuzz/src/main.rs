@@ -72,13 +72,13 @@ mod traps;
 use core::fmt;
 use core::sync::atomic::{AtomicU64, Ordering};
 
+use lguest_guest::abi::{GUEST_UPPER_START, GUEST_VA_END};
 use lguest_guest::abi::{
     LGUEST_IRQS, LGUEST_MAX_MEM, LGUEST_SHUTDOWN_POWEROFF, LHCALL_FLUSH_ASYNC, LHCALL_FLUSH_TLB, LHCALL_HALT,
     LHCALL_IRET_USER, LHCALL_LGUEST_INIT, LHCALL_LOAD_GDT_ENTRY, LHCALL_LOAD_IDT_ENTRY, LHCALL_LOAD_TLS,
     LHCALL_NEW_PGTABLE, LHCALL_NOTIFY, LHCALL_SEND_INTERRUPTS, LHCALL_SET_CLOCKEVENT, LHCALL_SET_PGD, LHCALL_SET_PMD,
     LHCALL_SET_PTE, LHCALL_SET_STACK, LHCALL_SHUTDOWN, LHCALL_TS, X86_EFLAGS_IF,
 };
-use lguest_guest::abi::{GUEST_UPPER_START, GUEST_VA_END};
 use lguest_guest::interrupts::{self, GATE_INTERRUPT, GATE_TRAP};
 use lguest_guest::{clock, crash, crash_fmt, data, entry, paravirt, poweroff_fmt, println, Args};
 
@@ -122,7 +122,7 @@ const UNSUPPORTED: &[(u64, &str)] =
 /// `SET_PTE`, which only drops the shadow of the page named.
 const PAGE_TABLE_ANY: &[u64] = &[LHCALL_FLUSH_TLB, LHCALL_SET_PMD, LHCALL_SET_PGD, LHCALL_SET_PTE];
 /// Every hypercall number the host knows.
-const KNOWN: &[u64] = &[0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24];
+const KNOWN: &[u64] = &[0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25];
 /// Vectors the host keeps for itself.
 const HOST_VECTORS: &[u64] = &[2, 8, 18, 31];
 /// Exception vectors the CPU never raises here (reserved, #VE, ...).

@@ -492,7 +492,9 @@ pub fn window(arg: Option<&str>) -> ! {
             false
         });
         if waited.is_none() {
-            crash_fmt(format_args!("guest-ops: window: round {round}: no timer interrupt after {WAIT_CYCLES} TSC cycles"));
+            crash_fmt(format_args!(
+                "guest-ops: window: round {round}: no timer interrupt after {WAIT_CYCLES} TSC cycles"
+            ));
         }
         let turns = TURNS_AT_IRQ.load(Ordering::SeqCst);
         println!("guest-ops: window: round {round}: {turns} loop turns before the interrupt");

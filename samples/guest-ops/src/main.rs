@@ -119,10 +119,12 @@ fn badcall() -> ! {
     poweroff_fmt(format_args!("guest-ops: badcall: survived"))
 }
 
-/// `LHCALL_IRET` through a frame whose selectors are neither the kernel's
-/// nor the user's (CS 0x23, SS 0x2b): the host must kill the guest.
+/// `LHCALL_IRET` to kernel mode (CS 0x10, RPL 0) through a frame whose SS
+/// is not the kernel's (0x2b): only the guest kernel can make that
+/// mistake, and the host must kill the guest (without Linux frames, for
+/// the call itself).
 fn badiret() -> ! {
-    println!("guest-ops: badiret: LHCALL_IRET with cs 0x23 ss 0x2b");
+    println!("guest-ops: badiret: LHCALL_IRET with cs 0x10 ss 0x2b");
     // SAFETY: the frame is six words on our own stack; the host should
     // kill the guest, and if it returns to `1:` instead, RSP is back where
     // it was and only RAX changed.
@@ -132,7 +134,7 @@ fn badiret() -> ! {
             "push 0x2b",
             "push {saved}",
             "pushfq",
-            "push 0x23",
+            "push 0x10",
             "lea {tmp}, [rip + 2f]",
             "push {tmp}",
             "push 0",

@@ -447,8 +447,11 @@ fn check(trap: &Trap, flags: u64) -> Result<(), Mismatch> {
     same("the saved rip", SEEN_RIP.load(Ordering::Relaxed), insn + trap.rip_offset)?;
     // Kernel mode's selectors: the lguest pair, or Linux's with
     // `linuxframes`.
-    let (cs, ss) =
-        if interrupts::linux_frames() { (LGUEST_KERNEL_CS, LGUEST_KERNEL_SS) } else { (LGUEST_GUEST_CS, LGUEST_GUEST_SS) };
+    let (cs, ss) = if interrupts::linux_frames() {
+        (LGUEST_KERNEL_CS, LGUEST_KERNEL_SS)
+    } else {
+        (LGUEST_GUEST_CS, LGUEST_GUEST_SS)
+    };
     same("the saved cs", SEEN_CS.load(Ordering::Relaxed), cs)?;
     same("the saved ss", SEEN_SS.load(Ordering::Relaxed), ss)?;
     same("the saved rsp", SEEN_RSP.load(Ordering::Relaxed), rsp)?;

@@ -195,7 +195,21 @@ fn parse(args: &Args) -> Opts {
     if !matches!(mode, Mode::Ping(_)) && peer.is_none() && listen.is_none() {
         bad("command line (send and recv need peer= or listen=)", args.as_str());
     }
-    Opts { ip, prefix, peer, listen, mode, timeout_s, no_features, irq_driven, spin_ns, busy, ping_host, sndbuf, rcvbuf }
+    Opts {
+        ip,
+        prefix,
+        peer,
+        listen,
+        mode,
+        timeout_s,
+        no_features,
+        irq_driven,
+        spin_ns,
+        busy,
+        ping_host,
+        sndbuf,
+        rcvbuf,
+    }
 }
 
 /// `spin_lock_irqsave`'s half: interrupts off, returning the old flag for

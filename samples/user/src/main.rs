@@ -413,6 +413,21 @@ global_asm!(
     "    mov eax, {sys_thread_exit}",
     "    int 0x80",
     "    ud2",
+    // A `syscall` whose handler changes the return (`sys_return_to`),
+    // and the place a return with a bad RSP lands: exit(42), no stack.
+    ".balign 16",
+    ".globl user_return_to",
+    "user_return_to:",
+    "    mov eax, {sys_return_to}",
+    "    syscall",
+    "    ud2",
+    ".balign 16",
+    ".globl user_exit42",
+    "user_exit42:",
+    "    mov edi, 42",
+    "    mov eax, {sys_exit}",
+    "    int 0x80",
+    "    ud2",
     ".balign 4096",
     ".globl user_prog_end",
     "user_prog_end:",
@@ -425,6 +440,7 @@ global_asm!(
     tls_spin = const TLS_SPIN,
     sys_thread_exit = const SYS_THREAD_EXIT,
     sys_hold = const SYS_HOLD,
+    sys_return_to = const SYS_RETURN_TO,
     poweroff = const LGUEST_SHUTDOWN_POWEROFF,
     shutdown = const LHCALL_SHUTDOWN,
 );
@@ -526,6 +542,8 @@ extern "C" {
     static user_bench_int80: u8;
     static user_exc_syscall: u8;
     static user_tls: u8;
+    static user_return_to: u8;
+    static user_exit42: u8;
     static user_prog_start: u8;
     static user_prog_end: u8;
 }
@@ -680,6 +698,73 @@ const TLS_B: u64 = USER_START + 0x51_0000;
 const TLS_ROUNDS: u64 = 20_000;
 const TLS_SPIN: u64 = 100;
 /// The threads' exit: the other thread runs on, the last one ends `run`.
+/// The system call of `user_return_to`: its return goes where
+/// [`RETURN_TO`] says (RIP, RSP, CS, SS; 0 leaves one as it is), RCX
+/// following RIP so that the direct return takes it as it is.
+const SYS_RETURN_TO: u64 = 3;
+static RETURN_SYSCALLS: [user::Syscall; 4] = [user::sys_exit, user::sys_write, user::sys_counter, sys_return_to];
+static RETURN_TO: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
+fn sys_return_to(frame: &mut TrapFrame) -> u64 {
+    let [rip, rsp, cs, ss] = RETURN_TO.each_ref().map(|a| a.load(Ordering::Relaxed));
+    frame.rip = rip;
+    frame.rcx = rip;
+    if rsp != 0 {
+        frame.rsp = rsp;
+    }
+    if cs != 0 {
+        frame.cs = cs;
+    }
+    if ss != 0 {
+        frame.ss = ss;
+    }
+    0
+}
+
+/// Returns to user mode that native x86 refuses or turns into a fault of
+/// the process: each must end the program with the fault a CPU gives
+/// (none ends the guest). The return goes out by whichever path this run
+/// uses: `LHCALL_IRET_USER`, `LHCALL_IRET` with Linux frames, or the
+/// direct return (`int $0x1b`). Returns how many cases ran.
+fn bad_returns(start: u64) -> usize {
+    let va = |sym: *const u8| USER_CODE + (lguest_guest::virt_to_phys(sym) - start);
+    let (prog, exit42) = (va(addr_of!(user_return_to)), va(addr_of!(user_exit42)));
+    // (name, rip, rsp, cs, ss, the exit)
+    let mut cases: [(&str, u64, u64, u64, u64, Exit); 6] = [
+        ("rip 0x7ffffffff000", 0x7fff_ffff_f000, 0, 0, 0, killed(14, 0x14, 0x7fff_ffff_f000)),
+        ("rip 0xffff800000001000", 0xffff_8000_0000_1000, 0, 0, 0, killed(14, 0x14, 0xffff_8000_0000_1000)),
+        ("rip 0x800000000000", 0x8000_0000_0000, 0, 0, 0, killed(13, 0, 0x8000_0000_0000)),
+        ("rsp 0x800000000000", exit42, 0x8000_0000_0000, 0, 0, Exit::Exited(42)),
+        ("cs 0x23", exit42, 0, 0x23, 0, killed(13, 0x20, exit42)),
+        ("ss 0x1b", exit42, 0, 0, 0x1b, killed(13, 0x18, exit42)),
+    ];
+    // The selectors are the frame's only with Linux frames.
+    let n = if interrupts::linux_frames() { cases.len() } else { 4 };
+    user::set_syscalls(&RETURN_SYSCALLS);
+    for (name, rip, rsp, cs, ss, want) in &mut cases[..n] {
+        for (a, v) in RETURN_TO.iter().zip([*rip, *rsp, *cs, *ss]) {
+            a.store(v, Ordering::Relaxed);
+        }
+        let got = user::run(&UserRegs::new(prog, USER_STACK_TOP));
+        let same = match (got, *want) {
+            (Exit::Killed { vector, error, rip, .. }, Exit::Killed { vector: v, error: e, rip: r, .. }) => {
+                (vector, error, rip) == (v, e, r)
+            }
+            (got, want) => got == want,
+        };
+        if !same {
+            fail(format_args!("the return to user mode with {name}: {got:x?}, expected {want:x?}"));
+        }
+    }
+    user::set_syscalls(&user::DEFAULT_SYSCALLS);
+    n
+}
+
+/// A program's end by exception `vector` with `error` at `rip`.
+const fn killed(vector: u64, error: u64, rip: u64) -> Exit {
+    Exit::Killed { vector, error, cr2: 0, rip }
+}
+
 const SYS_THREAD_EXIT: u64 = 5;
 static TLS_SYSCALLS: [user::Syscall; 6] =
     [user::sys_exit, user::sys_write, user::sys_counter, sys_getgs, sys_getsp, sys_thread_exit];
@@ -803,24 +888,6 @@ fn main(args: Args) -> ! {
         .find_map(|w| w.strip_prefix("calls=")?.parse::<u64>().ok())
         .filter(|&n| n > 0)
         .unwrap_or(SYSCALL_CALLS);
-    // `badsysret RIP` (hex): the direct return to a user RIP the guest may
-    // not run at; the host must kill the guest.
-    if args.first() == Some("badsysret") {
-        let rip = args.get(1).and_then(|w| u64::from_str_radix(w.trim_start_matches("0x"), 16).ok()).unwrap_or(0);
-        user::set_syscall_direct();
-        println!("user: badsysret: int $0x1b to {rip:#x}");
-        // SAFETY: the host must kill the guest here; if it returned to
-        // user mode instead, the guest would be gone anyway (nothing is
-        // mapped there for user mode), and the test fails on the output.
-        unsafe {
-            core::arch::asm!(
-                "int 0x1b",
-                in("rcx") rip,
-                in("r11") 0x202u64,
-            )
-        };
-        fail(format_args!("badsysret: came back"));
-    }
     let set_entry = || {
         if direct {
             user::set_syscall_direct();
@@ -831,6 +898,9 @@ fn main(args: Args) -> ! {
     set_entry();
     if direct {
         println!("user: the direct system-call entry");
+    }
+    if interrupts::linux_frames() {
+        println!("user: Linux frames (LGUEST_INIT_LINUX_FRAMES)");
     }
     user::set_fault_hook(Some(fault_hook));
 
@@ -1139,6 +1209,8 @@ fn main(args: Args) -> ! {
         }
     }
     println!("user: {} exceptions in user mode (hlt, cli, non-canonical, int3, ud2, int $0x1b, #DE, fetch of kernel code) as hardware reports them", cases.len());
+    let n = bad_returns(start);
+    println!("user: {n} returns to user mode that a CPU refuses or that fault (RIP, RSP, CS, SS): the fault hardware gives, in user mode");
     // Without an entry, `syscall` is #UD at the instruction (EFER.SCE clear).
     user::set_syscall_entry(false);
     let va = USER_CODE + (lguest_guest::virt_to_phys(addr_of!(user_exc_syscall)) - start);

@@ -1361,7 +1361,7 @@ impl Fuzz {
         let r = self.call(Call::GetRegs, f.fd, 0, 0, OK, || ioctl_raw(f.fd, abi::LGUEST_GET_REGS, ptr));
         if r.is_ok() {
             let mut want = written;
-            want.rflags = (written.rflags & 0x4_0dd5) | 0x202;
+            want.rflags = (written.rflags & 0x4_4dd5) | 0x202;
             if back.regs != want {
                 self.violate(format!("SET_REGS then GET_REGS: wrote {written:x?}, read {:x?}", back.regs));
             }

@@ -483,6 +483,48 @@ fn irq_pending_delivered_at_enable() -> TestResult {
     Ok(())
 }
 
+/// Loads lguest.ko again with the module parameters `params` (a test knob,
+/// or none for the usual module).
+fn reload(params: &str) -> TestResult {
+    let Some(path) = t::module_path() else {
+        skip!("lguest.ko not found (set LGUEST_KO)");
+    };
+    if t::module_loaded("lguest") {
+        if let Err(e) = t::unload_module("lguest") {
+            fail!("unload: {}", t::errname(e));
+        }
+    }
+    if let Err(e) = t::load_module_with(&path, params) {
+        fail!("loading {path} with {params:?}: {}", t::errname(e));
+    }
+    check!(
+        t::wait_for(Duration::from_secs(5), || std::path::Path::new(t::DEV).exists()),
+        "{} did not reappear",
+        t::DEV
+    );
+    Ok(())
+}
+
+/// Review N1: the direct system call with another party's SYSCALL MSRs
+/// live at the entry, as KVM on Intel leaves its guest's until a return
+/// to user mode. The module's knob `syscall_msr_test` loads a foreign
+/// LSTAR, FreeBSD's STAR (SYSCALL's CS 0x20, null in the switcher's GDT)
+/// and a SYSCALL_MASK of 0 (IF on in ring 0) before every direct entry,
+/// and kills the guest if the exit does not leave exactly those. The user
+/// sample's 1000 direct system calls each way must still pass: the
+/// switcher loads the host kernel's STAR and mask for the trip and puts
+/// back what it found.
+fn direct_syscall_foreign_msrs() -> TestResult {
+    let fsgsbase = std::fs::read_to_string("/proc/cpuinfo").map(|s| s.contains(" fsgsbase")).unwrap_or(false);
+    if !fsgsbase {
+        skip!("no FSGSBASE on this host: the switcher does not arm the direct system call");
+    }
+    reload("syscall_msr_test=1")?;
+    let r = direct_run(1_000, false);
+    reload("")?;
+    r
+}
+
 /// An interrupt raised after the run loop looked for interrupts and before
 /// the entry aborts that entry and is delivered at once (review C1): with
 /// the window widened to 2 ms by the module's test knob
@@ -491,25 +533,6 @@ fn irq_pending_delivered_at_enable() -> TestResult {
 /// the arming hypercall (0 loop turns) in every round. Entering anyway would
 /// leave the interrupt for the next exit, a host tick later.
 fn irq_in_entry_window() -> TestResult {
-    let Some(path) = t::module_path() else {
-        skip!("lguest.ko not found (set LGUEST_KO)");
-    };
-    let reload = |params: &str| -> TestResult {
-        if t::module_loaded("lguest") {
-            if let Err(e) = t::unload_module("lguest") {
-                fail!("unload: {}", t::errname(e));
-            }
-        }
-        if let Err(e) = t::load_module_with(&path, params) {
-            fail!("loading {path} with {params:?}: {}", t::errname(e));
-        }
-        check!(
-            t::wait_for(Duration::from_secs(5), || std::path::Path::new(t::DEV).exists()),
-            "{} did not reappear",
-            t::DEV
-        );
-        Ok(())
-    };
     reload("entry_window_delay_us=2000")?;
     let o = run("guest-ops", &["window", "20"]);
     // The usual module again, whatever happened.
@@ -1055,13 +1078,15 @@ fn direct_run(calls: u64, signals: bool) -> TestResult {
 }
 
 /// The direct system call's hostile cases: an entry that is not a guest
-/// address, unknown flags, the direct return before the guest has its own
-/// tables and to user RIPs it may not run at (the last page below 2^47,
-/// the first non-canonical address, the guard hole), each kills the guest
-/// with the reason; `int $0x1b` from user mode is the guest's #GP (in the
-/// user sample's exception cases).
+/// address, unknown flags and the direct return before the guest has its
+/// own tables each kill the guest with the reason (the guest kernel's
+/// mistakes); `int $0x1b` from user mode is the guest's #GP (in the user
+/// sample's exception cases), and a direct return to a user RIP that
+/// faults (the last page below 2^47, the first non-canonical address, the
+/// guard hole) is that fault of the user program, not a kill (the user
+/// sample's bad returns, [`check_user_run`]).
 fn direct_syscall_hostile() -> TestResult {
-    let cases: [(&str, &[&str], &str); 6] = [
+    let cases: [(&str, &[&str], &str); 3] = [
         (
             "guest-ops",
             &["setsyscall", "ffff800000000000", "1"],
@@ -1069,9 +1094,6 @@ fn direct_syscall_hostile() -> TestResult {
         ),
         ("guest-ops", &["setsyscall", "400000", "2"], "SET_SYSCALL: unknown flags 0x2"),
         ("guest-ops", &["sysret"], "the return to user mode before NEW_PGTABLE"),
-        ("user", &["badsysret", "7ffffffff000"], "the return to user mode: bad user rip 0x7ffffffff000"),
-        ("user", &["badsysret", "800000000000"], "the return to user mode: bad user rip 0x800000000000"),
-        ("user", &["badsysret", "ffff800000001000"], "the return to user mode: bad user rip 0xffff800000001000"),
     ];
     for (guest_name, args, reason) in cases {
         let o = run(guest_name, args)?;
@@ -1106,6 +1128,17 @@ fn check_user_run_n(o: &Outcome, calls: u64) -> TestResult {
         "no syscall report: {}",
         describe(o)
     );
+    // Returns to user mode that fault: the last lower-half page, the guard
+    // hole, a non-canonical RIP, a non-canonical RSP (which runs), and
+    // with Linux frames a CS and an SS the CPU refuses.
+    let n = if o.stdout.contains("user: Linux frames") { 6 } else { 4 };
+    check!(
+        o.stdout.contains(&format!(
+            "user: {n} returns to user mode that a CPU refuses or that fault (RIP, RSP, CS, SS): the fault hardware gives, in user mode"
+        )),
+        "no report of the {n} bad returns to user mode: {}",
+        describe(o)
+    );
     // Two user threads, each on its own FS base, switched by the guest
     // kernel at its timer interrupts.
     let tls = o.stdout.lines().find(|l| l.starts_with("user: TLS: 2 threads, ")).unwrap_or("");
@@ -1136,7 +1169,10 @@ fn check_user_run_n(o: &Outcome, calls: u64) -> TestResult {
 /// 0x18, user-mode ones CS 0x33 and SS 0x2b (the library crashes on any
 /// other pair), and every return is an `LHCALL_IRET`. The user-mode
 /// programs, the trap round and the interrupt storm pass as with the
-/// default frames; an `LHCALL_IRET` with any other selectors kills.
+/// default frames, and the user sample's bad returns with a CS or an SS
+/// the CPU refuses get their #GP in user mode; an `LHCALL_IRET` to the
+/// kernel with another pair kills, as does `LHCALL_IRET` without Linux
+/// frames.
 fn linux_frames() -> TestResult {
     let o = run("user", &["linuxframes"])?;
     check_user_run(&o)?;
@@ -1148,11 +1184,14 @@ fn linux_frames() -> TestResult {
         check_eq!(o.code, 0, format!("trap {trap}, exit status ({})", describe(&o)));
         check!(o.stdout.contains("guest-ops: trap: resumed after the handler"), "trap {trap}: {}", describe(&o));
     }
-    for frames in [&["badiret"][..], &["badiret", "linuxframes"][..]] {
+    for (frames, reason) in [
+        (&["badiret"][..], "IRET without LGUEST_INIT_LINUX_FRAMES"),
+        (&["badiret", "linuxframes"][..], "IRET: bad selectors cs 0x10 ss 0x2b"),
+    ] {
         let o = run("guest-ops", frames)?;
         check_eq!(o.code, EXIT_KILLED, format!("{frames:?}: exit status ({})", describe(&o)));
         check!(
-            o.stderr.contains("guest killed by the host: IRET: bad selectors cs 0x23 ss 0x2b"),
+            o.stderr.contains(&format!("guest killed by the host: {reason}")),
             "{frames:?}: no kill reason: {}",
             describe(&o)
         );
@@ -1509,6 +1548,90 @@ fn linux_userspace() -> TestResult {
     Ok(())
 }
 
+/// Probes whose result differs natively and in the guest by the guest's
+/// configuration, not by a fault (Documentation/guest-abi.rst, "What a
+/// guest process sees"): (probe, the guest's result, why). Each is still
+/// checked: the guest must give exactly this.
+const KNOWN_DIFFERENCES: [(&str, &str, &str); 2] = [
+    (
+        "tf-across-syscall",
+        "exit 0",
+        "OPEN (issue 35): the guest's processes get no SIGTRAP for single-steps (TF); being fixed",
+    ),
+    (
+        "sigreturn-cs-0x23",
+        "sig 11 code 128 addr 0 trap 13 err 0x20 rip user cs 0x23 ss 0x2b",
+        "no compat mode: the guest's GDT has no 32-bit user code segment, so CS 0x23 is the #GP of a null descriptor",
+    ),
+];
+
+/// Probes whose native result on a 5-level host (LA57) is a 5-level
+/// machine's: there 2^47 and above are canonical user addresses, where the
+/// guest, a 4-level machine on every host, takes the #GP of a
+/// non-canonical one, and the top page of the 4-level user space is an
+/// ordinary address (no X86_PF_PROT in the error code). On a 4-level host
+/// the native result must be the guest's.
+const LA57_DIFFERENCES: [&str; 5] = [
+    "sigreturn-rip-0x800000000000",
+    "jump-noncanonical",
+    "syscall-at-top",
+    "sigreturn-rip-0x7ffffffff000",
+    "segv-handler-returns-at-top",
+];
+
+/// The differential test: the same static program (`lguest_probe`, its
+/// probes listed there) runs natively on this host and inside the Linux
+/// guest, and each probe's result must be the same in both, but for the
+/// documented configuration differences above; every probe runs in the
+/// guest (none may end it), and the guest powers off cleanly.
+fn linux_differential() -> TestResult {
+    let exe = std::env::current_exe().map_err(|e| t::NotPassed::Fail(format!("current_exe: {e}")))?;
+    let native = std::process::Command::new(exe.with_file_name("lguest_probe"))
+        .output()
+        .map_err(|e| t::NotPassed::Fail(format!("lguest_probe natively: {e}")))?;
+    let native = String::from_utf8_lossy(&native.stdout).into_owned();
+    let o = wait(spawn_linux("probe")?, Duration::from_secs(300))?;
+    check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
+    let probes = |text: &str, prefix: &str| -> Vec<(String, String)> {
+        text.lines()
+            .filter_map(|l| l.trim_end().strip_prefix(prefix)?.split_once(": "))
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    };
+    let host = probes(&native, "probe ");
+    let guest = probes(&o.stdout, "lginit: probe ");
+    check!(native.contains("probe done\n"), "the native run did not finish: {native}");
+    check!(o.stdout.contains("lginit: probe done"), "the guest's run did not finish: {}", describe(&o));
+    let la57 = std::fs::read_to_string("/proc/cpuinfo").map(|s| s.contains(" la57")).unwrap_or(false);
+    let mut differ = Vec::new();
+    for (name, want) in &host {
+        let Some((_, got)) = guest.iter().find(|(n, _)| n == name) else {
+            differ.push(format!("{name}: natively {want}, nothing in the guest"));
+            continue;
+        };
+        if let Some((_, documented, why)) = KNOWN_DIFFERENCES.iter().find(|(n, ..)| n == name) {
+            println!("# {name}: natively {want}; in the guest {got} ({why})");
+            if got != documented {
+                differ.push(format!("{name}: in the guest {got}, documented {documented}"));
+            }
+        } else if la57 && LA57_DIFFERENCES.contains(&name.as_str()) {
+            println!("# {name}: natively (5-level) {want}; in the guest (4-level) {got}");
+        } else if got != want {
+            differ.push(format!("{name}: natively {want}, in the guest {got}"));
+        } else {
+            println!("# {name}: {got}");
+        }
+    }
+    check!(
+        host.len() >= 20 && guest.len() == host.len(),
+        "{} probes natively, {} in the guest",
+        host.len(),
+        guest.len()
+    );
+    check!(differ.is_empty(), "{} of {} probes differ:\n{}", differ.len(), host.len(), differ.join("\n"));
+    Ok(())
+}
+
 /// The guest's tick runs at its HZ (250) and its clock at the host's
 /// rate: across the guest's `sleep 5`, the timer interrupt's count in
 /// /proc/interrupts grows by HZ x the time the guest's /proc/uptime
@@ -1597,6 +1720,7 @@ fn main() -> ExitCode {
         ("linux_reboot_and_panic", linux_reboot_and_panic),
         ("linux_userspace", linux_userspace),
         ("linux_timer_hz", linux_timer_hz),
+        ("linux_differential", linux_differential),
         ("linux_console_shell", linux_console_shell),
         ("linux_devices", linux_devices),
         ("linux_irq_enable_delivers", linux_irq_enable_delivers),
@@ -1622,6 +1746,7 @@ fn main() -> ExitCode {
         ("user_direct_syscall", user_direct_syscall),
         ("user_direct_syscall_short", user_direct_syscall_short),
         ("direct_syscall_hostile", direct_syscall_hostile),
+        ("direct_syscall_foreign_msrs", direct_syscall_foreign_msrs),
         ("user_upper", user_upper),
         ("user_tlb_shadows", user_tlb_shadows),
         ("linux_frames", linux_frames),

@@ -36,6 +36,7 @@ mod lhcall {
     pub(crate) const SET_SYSCALL: u64 = 21;
     pub(crate) const SET_SEGMENT_BASE: u64 = 22;
     pub(crate) const INVLPG: u64 = 24;
+    pub(crate) const GET_SEGMENT_BASE: u64 = 25;
 }
 
 /// `LHCALL_SHUTDOWN` reasons.
@@ -136,6 +137,22 @@ macro_rules! ld_write {
 }
 
 /// Makes hypercall `nr`.
+/// A hypercall that returns a value in RAX (`LHCALL_GET_SEGMENT_BASE`).
+fn hcall_value(nr: u64, a1: u64) -> u64 {
+    let v;
+    // SAFETY: as for `hcall`: the host changes only RAX, its result, and
+    // touches no guest memory for this call.
+    unsafe {
+        core::arch::asm!(
+            "int 0x1f",
+            inout("rax") nr => v,
+            in("rdi") a1,
+            options(nostack)
+        );
+    }
+    v
+}
+
 fn hcall(nr: u64, a1: u64, a2: u64, a3: u64) {
     // SAFETY: `int $0x1f` enters the host, which changes no register but
     // RAX and reads or writes only the guest memory the call names (every
@@ -308,7 +325,8 @@ fn read_msr(msr: u32) -> Option<u64> {
         MSR_EFER => Some(VIRT_EFER),
         MSR_FS_BASE => Some(FS_BASE.get()),
         MSR_GS_BASE => Some(GS_BASE.get()),
-        MSR_KERNEL_GS_BASE => Some(KERNEL_GS_BASE.get()),
+        // User mode's, as it left it: it may have run wrgsbase since.
+        MSR_KERNEL_GS_BASE => Some(hcall_value(lhcall::GET_SEGMENT_BASE, BASE_USER_GS)),
         _ => KEPT_MSRS
             .iter()
             .position(|&m| m == msr)
