@@ -61,6 +61,7 @@ fn name(nr: u64) -> &'static str {
         uapi::LHCALL_IRET => "IRET",
         uapi::LHCALL_INVLPG => "INVLPG",
         uapi::LHCALL_GET_SEGMENT_BASE => "GET_SEGMENT_BASE",
+        uapi::LHCALL_IBPB => "IBPB",
         _ => "unknown",
     }
 }
@@ -80,10 +81,13 @@ pub(crate) fn do_hypercalls(cx: &mut Ctx<'_>) -> Result<Option<UserExit>, Kill> 
     };
     let exit = dispatch(cx, &args, false)?;
     // IRET_USER and IRET loaded the RAX to return with, GET_SEGMENT_BASE
-    // its result: leave it.
+    // and IBPB their result: leave it.
     if !matches!(
         args.arg0,
-        uapi::LHCALL_IRET_USER | uapi::LHCALL_IRET | uapi::LHCALL_GET_SEGMENT_BASE
+        uapi::LHCALL_IRET_USER
+            | uapi::LHCALL_IRET
+            | uapi::LHCALL_GET_SEGMENT_BASE
+            | uapi::LHCALL_IBPB
     ) {
         cx.vcpu.cpu.regs.rax = 0;
     }
@@ -131,6 +135,7 @@ fn dispatch(cx: &mut Ctx<'_>, a: &HcallArgs, in_ring: bool) -> Result<Option<Use
             | uapi::LHCALL_IRET_USER
             | uapi::LHCALL_IRET
             | uapi::LHCALL_GET_SEGMENT_BASE
+            | uapi::LHCALL_IBPB
     );
     if in_ring && needs_launcher {
         return kill!("hypercall {} is not allowed in the async ring", name(nr));
@@ -189,6 +194,7 @@ fn dispatch(cx: &mut Ctx<'_>, a: &HcallArgs, in_ring: bool) -> Result<Option<Use
         }
         uapi::LHCALL_SET_SEGMENT_BASE => set_segment_base(cx, a.arg1, a.arg2).map(|()| None),
         uapi::LHCALL_GET_SEGMENT_BASE => get_segment_base(cx, a.arg1).map(|()| None),
+        uapi::LHCALL_IBPB => ibpb(cx, a.arg1).map(|()| None),
         uapi::LHCALL_TS | uapi::LHCALL_LOAD_TLS | uapi::LHCALL_LOAD_GDT_ENTRY => {
             kill!("hypercall {} is not supported by this host yet", name(nr))
         }
@@ -380,6 +386,30 @@ fn get_segment_base(cx: &mut Ctx<'_>, which: u64) -> Result<(), Kill> {
         uapi::LGUEST_BASE_USER_GS => cpu.gs_other,
         _ => return kill!("GET_SEGMENT_BASE: no segment base {which}"),
     };
+    Ok(())
+}
+
+/// `LHCALL_IBPB(flags)`: an indirect branch prediction barrier now, and
+/// one at each entry to the guest kernel from user mode from now on (or
+/// none), where the host's CPU can; the result in RAX.
+fn ibpb(cx: &mut Ctx<'_>, flags: u64) -> Result<(), Kill> {
+    if flags & !(uapi::LGUEST_IBPB_NOW | uapi::LGUEST_IBPB_USER_ENTRY) != 0 {
+        return kill!("IBPB: unknown flags {flags:#x}");
+    }
+    let cpu = &mut cx.vcpu.cpu;
+    let Ok(sw) = Switcher::get() else {
+        return kill!("IBPB: no switcher");
+    };
+    if sw.ibpb_kind() == 0 {
+        cpu.ibpb_user_entry = false;
+        cpu.regs.rax = uapi::LGUEST_IBPB_UNAVAILABLE;
+        return Ok(());
+    }
+    cpu.ibpb_user_entry = flags & uapi::LGUEST_IBPB_USER_ENTRY != 0;
+    if flags & uapi::LGUEST_IBPB_NOW != 0 {
+        sw.ibpb_for(cpu);
+    }
+    cpu.regs.rax = uapi::LGUEST_IBPB_DONE;
     Ok(())
 }
 

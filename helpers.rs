@@ -59,6 +59,10 @@ mod ffi {
         pub(super) fn lg_fpu_begin();
         pub(super) fn lg_fpu_end();
         pub(super) fn lg_clear_xfd_err();
+        pub(super) fn lg_xfd_arm() -> u64;
+        pub(super) fn lg_has_ibpb() -> bool;
+        pub(super) fn lguest_ibpb();
+        pub(super) fn lg_xfd_restore(old: u64);
         pub(super) fn lg_eventfd_get(fd: i32, err: *mut i32) -> *mut core::ffi::c_void;
         pub(super) fn lg_eventfd_signal(ctx: *mut core::ffi::c_void);
         pub(super) fn lg_eventfd_put(ctx: *mut core::ffi::c_void);
@@ -263,6 +267,52 @@ pub(crate) fn clear_xfd_err() {
     // SAFETY: XFD_ERR only reports the last XFD fault; zero is its idle
     // value, and nothing but the #NM handler reads it.
     unsafe { ffi::lg_clear_xfd_err() }
+}
+
+/// Arms XFD for every dynamic XSAVE component (AMX's tile data), where the
+/// CPU has XFD, for a guest's run: its AMX instructions raise #NM instead
+/// of reaching the tile registers the last FPU owner left. Returns the
+/// value [`xfd_restore`] puts back.
+///
+/// # Safety
+///
+/// Interrupts must be off, and stay off until [`xfd_restore`] of the value
+/// returned has run on this CPU: the kernel keeps a per-CPU copy of XFD
+/// that must be true whenever its own code can run.
+pub(crate) unsafe fn xfd_arm() -> u64 {
+    // SAFETY: With XFD armed only AMX instructions change behaviour (they
+    // raise #NM), and nothing of the kernel's runs until the restore.
+    unsafe { ffi::lg_xfd_arm() }
+}
+
+/// Puts back the XFD value [`xfd_arm`] returned.
+///
+/// # Safety
+///
+/// `old` is what [`xfd_arm`] returned on this CPU, interrupts off since.
+pub(crate) unsafe fn xfd_restore(old: u64) {
+    // SAFETY: The exact value the kernel had, as the caller promises.
+    unsafe { ffi::lg_xfd_restore(old) }
+}
+
+/// The CPU has IBPB (an indirect branch prediction barrier by a write of
+/// MSR_IA32_PRED_CMD).
+pub(crate) fn has_ibpb() -> bool {
+    // SAFETY: Reads the boot CPU's feature bits; no side effects.
+    unsafe { ffi::lg_has_ibpb() }
+}
+
+/// An indirect branch prediction barrier, and the return stack stuffed
+/// where IBPB leaves return predictions alone (`lguest_ibpb`, the
+/// kernel's `write_ibpb`). Only where [`has_ibpb`] says the CPU has it.
+pub(crate) fn ibpb() {
+    if has_ibpb() {
+        // SAFETY: A write of PRED_CMD.IBPB, legal where the CPU has it
+        // (checked), changes only predictor state; `lguest_ibpb` clobbers
+        // only RAX, RCX and RDX, which the C calling convention leaves to
+        // the callee.
+        unsafe { ffi::lguest_ibpb() }
+    }
 }
 
 /// `kernel_fpu_begin`, for a guest's FPU state.

@@ -448,6 +448,40 @@ void lg_fpu_end(void)
 	kernel_fpu_end();
 }
 
+/* The CPU has an indirect branch prediction barrier (PRED_CMD.IBPB). */
+bool lg_has_ibpb(void)
+{
+	return boot_cpu_has(X86_FEATURE_IBPB);
+}
+
+/*
+ * XFD around a guest's run (Documentation/switcher.rst, "The FPU"): every
+ * dynamic XSAVE component (AMX's tile data) armed, whatever the last FPU
+ * owner on this CPU left, so that the guest's first AMX instruction or
+ * XRSTOR of it raises #NM instead of reaching tile registers another task
+ * or another VM left live, and XSAVE sees the component in its initial
+ * state. Called with interrupts off; returns the value lg_xfd_restore puts
+ * back, exactly, before they come on, so that the kernel's per-CPU copy of
+ * XFD (xfd_state, which it compares before each write) stays true.
+ */
+u64 lg_xfd_arm(void)
+{
+	u64 old;
+
+	if (!cpu_feature_enabled(X86_FEATURE_XFD))
+		return XFEATURE_MASK_USER_DYNAMIC;
+	rdmsrq(MSR_IA32_XFD, old);
+	if ((old & XFEATURE_MASK_USER_DYNAMIC) != XFEATURE_MASK_USER_DYNAMIC)
+		wrmsrq(MSR_IA32_XFD, old | XFEATURE_MASK_USER_DYNAMIC);
+	return old;
+}
+
+void lg_xfd_restore(u64 old)
+{
+	if ((old & XFEATURE_MASK_USER_DYNAMIC) != XFEATURE_MASK_USER_DYNAMIC)
+		wrmsrq(MSR_IA32_XFD, old);
+}
+
 /*
  * A guest's #NM with its FPU live comes from XFD (a component the launcher's
  * task has not asked for, AMX): the hardware recorded it in XFD_ERR, which

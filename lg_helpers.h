@@ -56,6 +56,8 @@ u64 lg_fpu_xsave_mask(void);
 void lg_fpu_begin(void);
 void lg_fpu_end(void);
 void lg_clear_xfd_err(void);
+u64 lg_xfd_arm(void);
+void lg_xfd_restore(u64 old);
 
 struct eventfd_ctx;
 struct eventfd_ctx *lg_eventfd_get(int fd, int *err);
@@ -73,5 +75,7 @@ void lg_flush_tlb_all_cpus(void);
 /* Implemented in switcher_64.S. */
 void lguest_switch_to_guest(void *block);
 void lguest_deliver_to_host(unsigned long handler);
+void lguest_ibpb(void);
+bool lg_has_ibpb(void);
 
 #endif

@@ -69,6 +69,10 @@ module! {
             default: 0,
             description: "For tests only: busy-wait this many microseconds (at most 10000) between the run loop's look for interrupts and the entry, so an interrupt lands in that window",
         },
+        ibpb_test: u32 {
+            default: 0,
+            description: "For tests only: on a host without IBPB, grant a guest's LHCALL_IBPB and count the barriers it asks for (at its entries from user mode too) without making them",
+        },
         syscall_msr_test: u32 {
             default: 0,
             description: "For tests only: before each entry with the direct system call, load LSTAR, STAR and SYSCALL_MASK with foreign values (SYSCALL_MASK 0, as a hostile KVM guest's), and kill the guest if its exit does not put back exactly those",

@@ -143,6 +143,8 @@ const CR4_PKE: u64 = 1 << 22;
 const CR4_LA57: u64 = 1 << 12;
 /// EFER.NXE.
 const EFER_NXE: u64 = 1 << 11;
+/// XSAVE component 19, APX's extended general registers.
+const XFEATURE_MASK_APX: u64 = 1 << 19;
 
 /// A descriptor-table pointer as `lgdt`/`sgdt` use it.
 #[repr(C, packed)]
@@ -263,8 +265,13 @@ struct ExitPage {
     /// interrupts on: its direct return to user mode goes through the
     /// host, which delivers it there.
     irq_waiting: u32,
-    _p1: u32,
-    _pad: [u8; FRAME - 216],
+    /// The barrier at each direct switch from user to kernel mode
+    /// (`LGUEST_IBPB_USER_ENTRY`): 0 none, 1 an IBPB, 2 counted only (the
+    /// `ibpb_test` knob, on a host without IBPB).
+    ibpb: u32,
+    /// Those barriers, since run_once last looked (it clears them).
+    direct_ibpbs: u64,
+    _pad: [u8; FRAME - 224],
     frame: [u64; 22],
 }
 
@@ -444,6 +451,8 @@ asm_offset! {
     "LG_DIRECT_SYSCALLS" => exit.direct_syscalls;
     "LG_DIRECT_SYSRETS" => exit.direct_sysrets;
     "LG_IRQ_WAITING" => exit.irq_waiting;
+    "LG_DIRECT_IBPB" => exit.ibpb;
+    "LG_DIRECT_IBPBS" => exit.direct_ibpbs;
     "LG_FRAME" => exit.frame;
     "LG_GDT" => desc.gdt;
     "LG_IST_PAGE" => ist;
@@ -600,6 +609,14 @@ pub(crate) struct GuestCpu {
     /// `syscall`s to the direct entry, `LGUEST_SYSRET_VECTOR` returns.
     pub(crate) direct_syscalls: u64,
     pub(crate) direct_sysrets: u64,
+    /// The guest asked for a barrier at each entry to its kernel from user
+    /// mode (`LGUEST_IBPB_USER_ENTRY`).
+    pub(crate) ibpb_user_entry: bool,
+    /// The guest was in user mode when it last exited: an entry in kernel
+    /// mode now is an entry to its kernel from user mode the host made.
+    pub(crate) exit_in_user: bool,
+    /// The barriers made for it (`stat_ibpbs`).
+    pub(crate) ibpbs: u64,
     /// The `syscall_msr_test` knob: an exit that did not put back the
     /// foreign LSTAR, STAR and SYSCALL_MASK loaded before the entry
     /// (what it left, what it should have).
@@ -833,6 +850,8 @@ pub(crate) struct Switcher {
     /// CR4.FSGSBASE is on: the direct system call may be armed (it swaps
     /// the GS bases with `rdgsbase`/`wrgsbase`).
     fsgsbase: bool,
+    /// The CPU has IBPB, for guests that ask for it (`LHCALL_IBPB`).
+    ibpb: bool,
 }
 
 // SAFETY: Each block is used only by its own CPU with interrupts off; the
@@ -1021,6 +1040,7 @@ impl Switcher {
                 flush_by,
                 lass: cr4 & CR4_LASS != 0,
                 fsgsbase: features.fsgsbase,
+                ibpb: helpers::has_ibpb(),
             },
             GFP_KERNEL,
         )?;
@@ -1065,6 +1085,29 @@ impl Switcher {
     /// The XSAVE components of a guest's FPU state (0 without XSAVE).
     pub(crate) fn xsave_mask(&self) -> u64 {
         self.xsave_mask
+    }
+
+    /// How a guest's barrier is made (`LHCALL_IBPB`): 1 an IBPB, 2 only
+    /// counted (the `ibpb_test` knob, on a host without IBPB), 0 none
+    /// (the host cannot).
+    pub(crate) fn ibpb_kind(&self) -> u32 {
+        if self.ibpb {
+            1
+        } else if crate::module_parameters::ibpb_test.value() != 0 {
+            2
+        } else {
+            0
+        }
+    }
+
+    /// One barrier for `vcpu`, as [`Self::ibpb_kind`] says, counted.
+    pub(crate) fn ibpb_for(&self, vcpu: &mut GuestCpu) {
+        match self.ibpb_kind() {
+            0 => return,
+            1 => helpers::ibpb(),
+            _ => {}
+        }
+        vcpu.ibpbs += 1;
     }
 
     /// Whether a top-level entry is the host's view of the alias (the CPU
@@ -1156,6 +1199,13 @@ impl Switcher {
         }
         let upper = shadows.upper();
         let direct = direct_entry != 0 && self.fsgsbase && shadows.guest_root().is_some();
+        // APX's extended registers are in the guest's XSAVE mask when the
+        // host has them on, but CR0.TS is not documented to cover them: on
+        // such a host the guest's state is loaded from its first entry, so
+        // that it never runs on the registers the last owner left.
+        if self.xsave_mask & XFEATURE_MASK_APX != 0 {
+            fpu.active = true;
+        }
         let _irqs_off = helpers::IrqGuard::new();
         if irq.raised() != seen {
             return Ok(Exit::Aborted);
@@ -1176,6 +1226,18 @@ impl Switcher {
                 self.host_slot
             );
             return Err(EIO);
+        }
+        // An entry to the guest kernel from user mode that the host made (a
+        // trap, an interrupt or a system call from user mode delivered by
+        // the run loop) has its barrier here, where the guest asked for
+        // them; the direct switch makes its own.
+        let ibpb = if vcpu.ibpb_user_entry {
+            self.ibpb_kind()
+        } else {
+            0
+        };
+        if ibpb != 0 && vcpu.exit_in_user && !vcpu.user_mode {
+            self.ibpb_for(vcpu);
         }
         // Both modes' tables map this CPU's block: the direct switch moves
         // between them.
@@ -1210,6 +1272,8 @@ impl Switcher {
             b.exit.direct_syscalls = 0;
             b.exit.direct_sysrets = 0;
             b.exit.irq_waiting = irq_waiting as u32;
+            b.exit.ibpb = ibpb;
+            b.exit.direct_ibpbs = 0;
             b.host.guest_fs_base = vcpu.fs_base;
             b.host.guest_gs_base = vcpu.gs_base;
             b.host.guest_fpu = fpu.active as u32;
@@ -1247,6 +1311,13 @@ impl Switcher {
             f[slot::SS] = uapi::LGUEST_GUEST_SS;
         }
 
+        // AMX's tiles are outside the guest's state: XFD armed for them
+        // whatever the last FPU owner on this CPU left, loaded or not, so
+        // that the guest neither reads nor writes tile registers another
+        // task or VM left live (their AMX instruction raises #NM).
+        // SAFETY: Interrupts are off (`_irqs_off`); the value goes back
+        // right after the switch, before they come on.
+        let xfd = unsafe { helpers::xfd_arm() };
         if fpu.active {
             // SAFETY: Interrupts are off (`_irqs_off`) and stay off until
             // the `fpu_end` right after the switch; no FPU section is open
@@ -1284,6 +1355,9 @@ impl Switcher {
             // SAFETY: Closes the section opened above, interrupts still off.
             unsafe { helpers::fpu_end() };
         }
+        // SAFETY: `xfd` is what `xfd_arm` returned above, interrupts off
+        // since.
+        unsafe { helpers::xfd_restore(xfd) };
 
         // SAFETY: As above: the switcher has returned, so this code is again
         // the only user of the block.
@@ -1321,6 +1395,8 @@ impl Switcher {
         }
         vcpu.direct_syscalls += b.exit.direct_syscalls;
         vcpu.direct_sysrets += b.exit.direct_sysrets;
+        vcpu.ibpbs += b.exit.direct_ibpbs;
+        vcpu.exit_in_user = vcpu.user_mode;
         // Page 0 is mapped in every guest's view of this CPU: leave nothing
         // of this guest's direct switch there for the next (review N5).
         b.exit.scratch_rsp = 0;
@@ -1423,6 +1499,10 @@ impl Switcher {
         }
         if vector == 7 {
             if !fpu.active {
+                // An AMX instruction under CR0.TS may have raised XFD's
+                // #NM instead of TS's: its record goes as the host's #NM
+                // handler would clear it (the instruction runs again).
+                helpers::clear_xfd_err();
                 fpu.active = true;
                 return Ok(Exit::FpuLoaded);
             }

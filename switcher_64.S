@@ -112,6 +112,8 @@
 #define LG_DIRECT_SYSCALLS	192	/* switches made, counted for the host */
 #define LG_DIRECT_SYSRETS	200
 #define LG_IRQ_WAITING		208	/* 1: an interrupt waits for the guest to enable them */
+#define LG_DIRECT_IBPB		212	/* 1: IBPB at each direct user-to-kernel switch; 2: counted only */
+#define LG_DIRECT_IBPBS		216	/* those barriers, counted for the host */
 /* The guest frame: 22 quadwords ending at the top of page 0. */
 #define LG_FRAME		3920
 #define LG_FRAME_SIZE		(22 * 8)
@@ -682,7 +684,9 @@ _ASM_NOKPROBE(lguest_entry_abort)
  * From guest user mode it is the switch to the guest kernel's entry, made
  * here: the GS bases swapped, the kernel shadow's CR3, RIP the entry,
  * RCX, R11 and RSP as SYSCALL left them, RFLAGS IF alone; back into the
- * guest by lguest_direct_return's iretq.
+ * guest by lguest_direct_return's iretq. Where the guest asked for one
+ * (LGUEST_IBPB_USER_ENTRY), an IBPB separates what its user mode trained
+ * from its kernel: open-coded, as nothing can be called from the alias.
  */
 SYM_CODE_START(lguest_syscall)
 	UNWIND_HINT_UNDEFINED
@@ -702,6 +706,17 @@ SYM_CODE_START(lguest_syscall)
 	movq	%rax, P0_V(LG_SCRATCH_RAX)
 	movq	%rdx, P0_V(LG_SCRATCH_RDX)
 	SWITCH_MODE LG_KERNEL_ROOT, 0
+	cmpl	$0, P0_V(LG_DIRECT_IBPB)
+	je	1f
+	incq	P0_V(LG_DIRECT_IBPBS)
+	cmpl	$1, P0_V(LG_DIRECT_IBPB)
+	jne	1f
+	movl	$MSR_IA32_PRED_CMD, %ecx
+	movl	$PRED_CMD_IBPB, %eax
+	xorl	%edx, %edx
+	wrmsr
+	movq	16(%rsp), %rcx			/* the user RIP again */
+1:
 	movq	P0_V(LG_SYSCALL_ENTRY), %rax
 	movq	%rax, 16(%rsp)			/* RIP */
 	movq	$(X86_EFLAGS_IF | X86_EFLAGS_FIXED), 32(%rsp)	/* RFLAGS */
@@ -926,7 +941,7 @@ _ASM_NOKPROBE(lguest_host_resume)
  * indirect branch prediction barrier, and the return stack stuffed where
  * IBPB leaves return predictions alone. Clobbers eax, ecx, edx.
  */
-SYM_FUNC_START_LOCAL(lguest_ibpb)
+SYM_FUNC_START(lguest_ibpb)
 	ANNOTATE_NOENDBR
 	mov	$MSR_IA32_PRED_CMD, %ecx
 	mov	$PRED_CMD_IBPB, %eax

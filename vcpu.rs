@@ -179,6 +179,7 @@ impl Vcpu {
             global_flushes: self.stat_global_flushes,
             direct_syscalls: self.cpu.direct_syscalls,
             direct_sysrets: self.cpu.direct_sysrets,
+            ibpbs: self.cpu.ibpbs,
         }
     }
 

@@ -32,6 +32,7 @@ import sys
 # cited in Documentation/dev/testing.rst ("The switch inventory").
 COSTS = {
     "wrmsr": ((100, 300), "serializing; rule of thumb [S]"),
+    "ibpb": ((1000, 10000), "a WRMSR of PRED_CMD.IBPB: flushes the branch predictors, thousands of cycles [I]"),
     "rdmsr": ((30, 50), "rule of thumb [S]"),
     "mov-cr3": ((150, 250), "with the TLB refill after it, from KPTI's cost [I]"),
     "mov-cr0": ((50, 150), "serializing [I]"),
@@ -107,7 +108,7 @@ def load(ko):
 FIELD = {
     "pkru_on": 16564, "cet_on": 16568, "guest_fpu": 16572, "flush_global": 100,
     "fsgsbase": 120, "sysenter": 124, "direct": 128, "user_mode": 132,
-    "nmi_pending": 16, "mc_pending": 24, "irq_waiting": 208,
+    "nmi_pending": 16, "mc_pending": 24, "irq_waiting": 208, "ibpb": 212,
     "host_ldt": 16482, "host_ds": 16484, "host_es": 16486, "host_fs": 16488, "host_gs": 16490,
 }
 # The host as a launcher leaves it: no LDT, and the four data selectors
@@ -262,14 +263,18 @@ def walk_direct(syms, insn, fields, start, entered_by):
     nxt_of = {a: b for a, b in zip(order, order[1:])}
     pc = start
     counts = {entered_by: 1}
-    n, zf, rsp_adj = 0, None, 0
+    n, zf, rsp_adj, ecx = 0, None, 0, None
     while True:
         op, args = insn[pc]
         nxt = nxt_of[pc]
         n += 1
         if n > 500:
             sys.exit("switch_inventory: no end to the direct walk")
-        counts[klass(op, args)] = counts.get(klass(op, args), 0) + 1
+        # A WRMSR of MSR_IA32_PRED_CMD (0x49) is the barrier, not an MSR write.
+        k = "ibpb" if op == "wrmsr" and ecx == 0x49 else klass(op, args)
+        counts[k] = counts.get(k, 0) + 1
+        if op == "movl" and args.endswith(", %ecx") and args.startswith("$"):
+            ecx = int(args.split(",")[0][1:], 16)
         if op == "iretq":
             return counts, n
         m_rsp = re.match(r"\$0x([0-9a-f]+), (-?0x[0-9a-f]+)\(%rsp\)$", args)
@@ -393,7 +398,7 @@ def main():
     # modes, without the world switch (Documentation/switcher.rst, "The
     # direct system call"), and the kernel-mode SYSCALL, a hypercall.
     base = {"pkru_on": 0, "cet_on": 0, "flush_global": 0, "fsgsbase": 1, "sysenter": 1, "direct": 1,
-            "nmi_pending": 0, "mc_pending": 0, "irq_waiting": 0, **HOST}
+            "nmi_pending": 0, "mc_pending": 0, "irq_waiting": 0, "ibpb": 0, **HOST}
     sc, n1 = walk_direct(syms, insn, {**base, "user_mode": 1}, syms["lguest_syscall"], "syscall")
     sr, n2 = walk_direct(syms, insn, {**base, "user_mode": 0}, syms["lguest_idt_stubs"] + STUB_SIZE * 0x1B, "exception")
     both = {k: sc.get(k, 0) + sr.get(k, 0) for k in set(sc) | set(sr)}
@@ -403,6 +408,12 @@ def main():
     ]:
         lo, hi = weighted(counts)
         print(f"bench: switch_executed_{name} {n} insns, weighted {lo:.0f}-{hi:.0f} cycles ({what})")
+    # The same with the guest's barrier at each entry from user mode
+    # (LHCALL_IBPB, LGUEST_IBPB_USER_ENTRY, on a host with IBPB).
+    sci, n3 = walk_direct(syms, insn, {**base, "user_mode": 1, "ibpb": 1}, syms["lguest_syscall"], "syscall")
+    lo, hi = weighted(sci)
+    print(f"bench: switch_executed_direct_syscall_ibpb {n3} insns, weighted {lo:.0f}-{hi:.0f} cycles "
+          f"(the same with the guest's IBPB at each entry from user mode, LGUEST_IBPB_USER_ENTRY)")
     lo, hi = weighted(both)
     print(f"bench: switch_weighted_direct_round_trip {lo:.0f}-{hi:.0f} cycles (the switcher's part of a guest null system call: "
           f"{', '.join(f'{both[k]} {k}' for k in COSTS if k in both and k != 'other')})")

@@ -451,8 +451,12 @@ pub struct LguestRun {
     /// Number of returns to user mode by [`LGUEST_SYSRET_VECTOR`] the
     /// switcher made without an exit.
     pub stat_direct_sysrets: u64,
+    /// Number of indirect branch prediction barriers the guest asked for
+    /// ([`LHCALL_IBPB`]) that were made: its own, and one at each entry
+    /// to its kernel from user mode while [`LGUEST_IBPB_USER_ENTRY`] is on.
+    pub stat_ibpbs: u64,
     /// Reserved for later exit data.
-    pub reserved: [u64; 5],
+    pub reserved: [u64; 4],
     /// For `LGUEST_EXIT_SHUTDOWN` and `LGUEST_EXIT_KILLED`: a NUL-terminated
     /// message (the guest's, or the host's reason for the kill).
     pub message: [u8; LGUEST_MESSAGE_LEN],
@@ -692,6 +696,24 @@ pub const LHCALL_INVLPG: u64 = 24;
 /// `wrgsbase`, which the host sees only at its next switch), where
 /// [`LHCALL_SET_SEGMENT_BASE`] only writes them.
 pub const LHCALL_GET_SEGMENT_BASE: u64 = 25;
+/// Hypercall: an indirect branch prediction barrier (Documentation/switcher.rst,
+/// "Speculation"). Argument 1: flags, [`LGUEST_IBPB_NOW`] for one barrier
+/// before the guest goes on (a kernel's process switch), and
+/// [`LGUEST_IBPB_USER_ENTRY`] for one at every switch from guest user mode
+/// to guest kernel mode from now on, the direct system call's included
+/// (without it, that stops). The result in RAX: [`LGUEST_IBPB_DONE`], or
+/// [`LGUEST_IBPB_UNAVAILABLE`] where the host's CPU has no IBPB (nothing
+/// is done or armed). Not allowed in the async ring; other flags kill.
+pub const LHCALL_IBPB: u64 = 26;
+/// [`LHCALL_IBPB`] flag: a barrier now.
+pub const LGUEST_IBPB_NOW: u64 = 1;
+/// [`LHCALL_IBPB`] flag: a barrier at every entry to guest kernel mode
+/// from guest user mode.
+pub const LGUEST_IBPB_USER_ENTRY: u64 = 2;
+/// [`LHCALL_IBPB`] result: done (and armed, with [`LGUEST_IBPB_USER_ENTRY`]).
+pub const LGUEST_IBPB_DONE: u64 = 0;
+/// [`LHCALL_IBPB`] result: the host's CPU has no IBPB.
+pub const LGUEST_IBPB_UNAVAILABLE: u64 = 1;
 /// [`LHCALL_SET_SYSCALL`] arg 2: the direct system call, the native
 /// contract, switched by the switcher without the host's run loop where it
 /// can (Documentation/switcher.rst, "The direct system call").

@@ -113,6 +113,11 @@ fn rust_side() -> BTreeMap<&'static str, u64> {
         ("LGUEST_BASE_FS", abi::LGUEST_BASE_FS),
         ("LGUEST_BASE_GS", abi::LGUEST_BASE_GS),
         ("LGUEST_BASE_USER_GS", abi::LGUEST_BASE_USER_GS),
+        ("LHCALL_IBPB", abi::LHCALL_IBPB),
+        ("LGUEST_IBPB_NOW", abi::LGUEST_IBPB_NOW),
+        ("LGUEST_IBPB_USER_ENTRY", abi::LGUEST_IBPB_USER_ENTRY),
+        ("LGUEST_IBPB_DONE", abi::LGUEST_IBPB_DONE),
+        ("LGUEST_IBPB_UNAVAILABLE", abi::LGUEST_IBPB_UNAVAILABLE),
     ])
 }
 
@@ -181,6 +186,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
             stat_global_flushes,
             stat_direct_syscalls,
             stat_direct_sysrets,
+            stat_ibpbs,
             reserved,
             message
         ]
@@ -265,6 +271,7 @@ const STRUCTS: &[(&str, &[&str])] = &[
             "stat_global_flushes",
             "stat_direct_syscalls",
             "stat_direct_sysrets",
+            "stat_ibpbs",
             "reserved",
             "message",
         ],

@@ -297,6 +297,9 @@ pub struct RunStats {
     /// ([`abi::LGUEST_SYSCALL_DIRECT`]).
     pub direct_syscalls: u64,
     pub direct_sysrets: u64,
+    /// Indirect branch prediction barriers made for the guest
+    /// ([`abi::LHCALL_IBPB`]).
+    pub ibpbs: u64,
 }
 
 /// A mapped run page ([`abi::LguestRun`]) of one vCPU; unmapped on drop.
@@ -383,6 +386,7 @@ impl RunPage {
                 hypercalls: ptr::read_volatile(&raw const (*p).stat_hypercalls),
                 direct_syscalls: ptr::read_volatile(&raw const (*p).stat_direct_syscalls),
                 direct_sysrets: ptr::read_volatile(&raw const (*p).stat_direct_sysrets),
+                ibpbs: ptr::read_volatile(&raw const (*p).stat_ibpbs),
             }
         }
     }
@@ -437,6 +441,7 @@ impl RunPage {
             ptr::write_volatile(&raw mut (*p).stat_hypercalls, stats.hypercalls);
             ptr::write_volatile(&raw mut (*p).stat_direct_syscalls, stats.direct_syscalls);
             ptr::write_volatile(&raw mut (*p).stat_direct_sysrets, stats.direct_sysrets);
+            ptr::write_volatile(&raw mut (*p).stat_ibpbs, stats.ibpbs);
         }
     }
 }
@@ -466,7 +471,7 @@ mod tests {
         exit.notify_arg = 7;
         exit.shutdown_reason = abi::LGUEST_SHUTDOWN_CRASH;
         exit.message[..5].copy_from_slice(b"oops\0");
-        let stats = RunStats { exits: 3, hypercalls: 2, direct_syscalls: 5, direct_sysrets: 4 };
+        let stats = RunStats { exits: 3, hypercalls: 2, direct_syscalls: 5, direct_sysrets: 4, ibpbs: 6 };
         page.fake_exit(&exit, stats);
         assert_eq!(page.exit(), exit);
         assert_eq!(page.stats(), stats);

@@ -557,11 +557,12 @@ fn report(format: StatsFormat, page: &RunPage, bus: &Bus<'_>) -> String {
     let run = page.stats();
     match format {
         StatsFormat::Text => format!(
-            "vm: {} exits, {} hypercalls, {} direct syscalls, {} direct sysrets, {} device interrupts, {} stray notifications ({} warnings suppressed)\n{}",
+            "vm: {} exits, {} hypercalls, {} direct syscalls, {} direct sysrets, {} IBPBs, {} device interrupts, {} stray notifications ({} warnings suppressed)\n{}",
             run.exits,
             run.hypercalls,
             run.direct_syscalls,
             run.direct_sysrets,
+            run.ibpbs,
             bus.interrupts(),
             exit::STRAY_NOTIFY.count(),
             exit::STRAY_NOTIFY.suppressed(),
@@ -574,6 +575,7 @@ fn report(format: StatsFormat, page: &RunPage, bus: &Bus<'_>) -> String {
                     "hypercalls": run.hypercalls,
                     "direct_syscalls": run.direct_syscalls,
                     "direct_sysrets": run.direct_sysrets,
+                    "ibpbs": run.ibpbs,
                     "device_interrupts": bus.interrupts(),
                     "stray_notifications": exit::STRAY_NOTIFY.count(),
                     "stray_notifications_suppressed": exit::STRAY_NOTIFY.suppressed(),
@@ -733,6 +735,7 @@ mod tests {
         assert_eq!(v["vm"]["hypercalls"], 0);
         assert_eq!(v["vm"]["direct_syscalls"], 0);
         assert_eq!(v["vm"]["direct_sysrets"], 0);
+        assert_eq!(v["vm"]["ibpbs"], 0);
         assert_eq!(v["vm"]["device_interrupts"], 0);
         // A global count (other tests may add to it): present and a number.
         assert!(v["vm"]["stray_notifications"].as_u64() >= v["vm"]["stray_notifications_suppressed"].as_u64());
@@ -744,8 +747,9 @@ mod tests {
         assert_eq!(v["devices"][0]["queues"][0]["kicks"], 0);
         let text = report(StatsFormat::Text, &page, &bus);
         assert!(
-            text.starts_with("vm: 0 exits, 0 hypercalls, 0 direct syscalls, 0 direct sysrets, 0 device interrupts, ")
-                && text.lines().next().is_some_and(|l| l.contains(" stray notifications ("))
+            text.starts_with(
+                "vm: 0 exits, 0 hypercalls, 0 direct syscalls, 0 direct sysrets, 0 IBPBs, 0 device interrupts, "
+            ) && text.lines().next().is_some_and(|l| l.contains(" stray notifications ("))
                 && text.contains("rng (irq 1)")
                 && text
                     .contains("  driver errors: 0 resets needed, 0 unoffered feature sets (0 warnings suppressed)\n"),

@@ -68,7 +68,8 @@ struct lguest_run {
 	__u64 stat_global_flushes;	/* entries that flushed the host's global TLB entries */
 	__u64 stat_direct_syscalls;	/* user syscalls switched to the kernel without an exit */
 	__u64 stat_direct_sysrets;	/* LGUEST_SYSRET_VECTOR returns without an exit */
-	__u64 reserved[5];
+	__u64 stat_ibpbs;		/* barriers made for LHCALL_IBPB */
+	__u64 reserved[4];
 	__u8 message[LGUEST_MESSAGE_LEN];	/* NUL-terminated */
 };
 
@@ -175,6 +176,11 @@ struct lguest_cpuid {
 #define LGUEST_BASE_FS		0
 #define LGUEST_BASE_GS		1	/* guest kernel mode's */
 #define LGUEST_BASE_USER_GS	2	/* guest user mode's */
+#define LHCALL_IBPB		26	/* LGUEST_IBPB_* flags; the result in RAX */
+#define LGUEST_IBPB_NOW		1	/* a barrier now */
+#define LGUEST_IBPB_USER_ENTRY	2	/* one at each entry from user mode */
+#define LGUEST_IBPB_DONE	0
+#define LGUEST_IBPB_UNAVAILABLE	1	/* the host's CPU has no IBPB */
 
 /* The frame of LHCALL_IRET_USER, at the guest kernel's RSP. */
 struct lguest_iret_user {

@@ -899,6 +899,17 @@ fn main(args: Args) -> ! {
     if direct {
         println!("user: the direct system-call entry");
     }
+    // `ibpb`: a barrier now and one at every entry from user mode.
+    if args.iter().any(|w| w == "ibpb") {
+        use lguest_guest::abi::{LGUEST_IBPB_DONE, LGUEST_IBPB_NOW, LGUEST_IBPB_USER_ENTRY, LHCALL_IBPB};
+        // SAFETY: LHCALL_IBPB takes no address.
+        let r = unsafe { lguest_guest::hcall::hcall(LHCALL_IBPB, LGUEST_IBPB_NOW | LGUEST_IBPB_USER_ENTRY, 0, 0, 0) };
+        if r == LGUEST_IBPB_DONE {
+            println!("user: IBPB at each entry from user mode");
+        } else {
+            println!("user: IBPB unavailable ({r})");
+        }
+    }
     if interrupts::linux_frames() {
         println!("user: Linux frames (LGUEST_INIT_LINUX_FRAMES)");
     }

@@ -525,6 +525,69 @@ fn direct_syscall_foreign_msrs() -> TestResult {
     r
 }
 
+/// The user sample's `bench N` with the direct entry and `words`: N direct
+/// system calls and then N `int $0x80`s, and the launcher's JSON report.
+fn direct_bench_stats(n: u64, words: &[&str]) -> Result<(Outcome, serde_json::Value), t::NotPassed> {
+    let g = guest("user");
+    let n = n.to_string();
+    let mut args = vec!["run", "--memory", "16M", "--stats=json", &g, "bench", &n, "direct"];
+    args.extend_from_slice(words);
+    let o = wait(spawn_launcher(&args)?, Duration::from_secs(1200))?;
+    check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
+    check!(o.stdout.contains(" int80 round trips in "), "the bench did not finish: {}", describe(&o));
+    let line = o.stderr.lines().rev().find(|l| l.starts_with('{')).unwrap_or_default();
+    match serde_json::from_str(line) {
+        Ok(v) => Ok((o, v)),
+        Err(e) => fail!("no JSON report ({e}): {}", describe(&o)),
+    }
+}
+
+/// Review N4: `LHCALL_IBPB`. A guest that asks for a barrier now and at
+/// every entry to its kernel from user mode gets exactly one for the call,
+/// one at each direct system call (the direct path makes its own) and one
+/// at each entry from user mode the host makes (here the N `int $0x80`s
+/// and the two loops' exits by `int $0x80`, each an exit from user mode
+/// delivered to the guest kernel), and
+/// `stat_ibpbs` counts them. Without IBPB on the host the call says so and
+/// nothing is counted; the module's `ibpb_test` knob makes such a host
+/// grant the barriers and count them without making them, so that the
+/// paths are exercised where the CPU (TCG) has no IBPB. Without the
+/// request nothing is counted either way.
+fn ibpb_user_entry() -> TestResult {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    if !cpuinfo.contains(" fsgsbase") {
+        skip!("no FSGSBASE on this host: the switcher does not arm the direct system call");
+    }
+    let has_ibpb = cpuinfo.contains(" ibpb");
+    let calls = 500;
+    let n = |v: &serde_json::Value, key: &str| v["vm"][key].as_u64().unwrap_or(u64::MAX);
+    let check_granted = |o: &Outcome, v: &serde_json::Value| -> TestResult {
+        check!(o.stdout.contains("user: IBPB at each entry from user mode"), "IBPB refused: {}", describe(o));
+        let (ibpbs, syscalls, exits) = (n(v, "ibpbs"), n(v, "direct_syscalls"), n(v, "exits"));
+        println!("# {ibpbs} IBPBs, {syscalls} direct syscalls, {exits} exits");
+        check_eq!(syscalls, calls, "direct syscalls");
+        // Each of the two loops ends with SYS_EXIT by int $0x80 too.
+        check_eq!(ibpbs, 1 + syscalls + calls + 2, "IBPBs: one for the call, one per direct syscall and per int $0x80");
+        Ok(())
+    };
+    let (o, v) = direct_bench_stats(calls, &["ibpb"])?;
+    if has_ibpb {
+        check_granted(&o, &v)?;
+    } else {
+        check!(o.stdout.contains("user: IBPB unavailable (1)"), "no IBPB on this host, yet: {}", describe(&o));
+        check_eq!(n(&v, "ibpbs"), 0, "IBPBs counted on a host without IBPB");
+    }
+    reload("ibpb_test=1")?;
+    let granted = direct_bench_stats(calls, &["ibpb"]);
+    let plain = direct_bench_stats(calls, &[]);
+    reload("")?;
+    let (o, v) = granted?;
+    check_granted(&o, &v)?;
+    let (_, v) = plain?;
+    check_eq!(n(&v, "ibpbs"), 0, "IBPBs counted for a guest that asked for none");
+    Ok(())
+}
+
 /// An interrupt raised after the run loop looked for interrupts and before
 /// the entry aborts that entry and is delivered at once (review C1): with
 /// the window widened to 2 ms by the module's test knob
@@ -1747,6 +1810,7 @@ fn main() -> ExitCode {
         ("user_direct_syscall_short", user_direct_syscall_short),
         ("direct_syscall_hostile", direct_syscall_hostile),
         ("direct_syscall_foreign_msrs", direct_syscall_foreign_msrs),
+        ("ibpb_user_entry", ibpb_user_entry),
         ("user_upper", user_upper),
         ("user_tlb_shadows", user_tlb_shadows),
         ("linux_frames", linux_frames),
