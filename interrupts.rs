@@ -385,9 +385,14 @@ pub(crate) fn reflect_trap(
     error: u64,
     cr2: u64,
 ) -> Result<(), Kill> {
-    if vector == 14 {
-        if let Some(ld) = cx.vcpu.lguest_data {
-            ld.set_cr2(cx.mem, cr2)?;
+    // The page fault's address, and a debug exception's status (DR6, as
+    // the CPU reported it: `cr2` carries it for vector 1), in lguest_data
+    // for the guest kernel's `read_cr2` and `get_debugreg(6)`.
+    if let Some(ld) = cx.vcpu.lguest_data {
+        match vector {
+            14 => ld.set_cr2(cx.mem, cr2)?,
+            1 => ld.set_dr6(cx.mem, cr2)?,
+            _ => {}
         }
     }
     if deliver(cx, vector, error)? {

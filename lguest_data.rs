@@ -110,6 +110,11 @@ impl LguestData {
         self.read(mem, offset_of!(Raw, cr2))
     }
 
+    /// Writes `dr6` (before a debug exception is delivered).
+    pub(crate) fn set_dr6(&self, mem: &GuestMemory, dr6: u64) -> Result<(), Kill> {
+        self.write(mem, offset_of!(Raw, dr6), dr6)
+    }
+
     /// Writes `cr2` (before a page fault is delivered).
     pub(crate) fn set_cr2(&self, mem: &GuestMemory, cr2: u64) -> Result<(), Kill> {
         self.write(mem, offset_of!(Raw, cr2), cr2)

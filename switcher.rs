@@ -523,7 +523,8 @@ pub(crate) enum Exit {
     Aborted,
     /// A host interrupt (or NMI, #MC) came; the host has handled it.
     HostEvent,
-    /// The guest trapped: `vector`, `error` code, and CR2 for #PF.
+    /// The guest trapped: `vector`, `error` code, and `cr2`: CR2 for #PF,
+    /// DR6 for #DB (what the guest kernel reads as its registers).
     Trap { vector: u64, error: u64, cr2: u64 },
     /// The guest's RIP is not an address it may run at: it was not
     /// entered.
@@ -1478,11 +1479,15 @@ impl Switcher {
         // reach its handler, and its EOI, or its priority class stays
         // blocked on this CPU for good (the timer with it); a hypercall or
         // trap must still be handled, or it is lost.
+        let mut dr6 = 0;
         if vector == 1 {
             // A guest single-step or breakpoint left its status in DR6:
-            // clear it, as the host's own #DB handler would have.
-            // SAFETY: Writing DR6's reset value has no other effect.
+            // the guest kernel's to read (it goes with the trap), cleared
+            // here, as the host's own #DB handler would have.
+            // SAFETY: Reading DR6 and writing its reset value have no
+            // other effect.
             unsafe {
+                core::arch::asm!("mov {}, dr6", out(reg) dr6, options(nomem, nostack));
                 core::arch::asm!("mov dr6, {}", in(reg) 0xffff_0ff0u64, options(nomem, nostack))
             };
         }
@@ -1513,7 +1518,7 @@ impl Switcher {
         Ok(Exit::Trap {
             vector,
             error: f[slot::ERROR],
-            cr2: b.host.guest_cr2,
+            cr2: if vector == 1 { dr6 } else { b.host.guest_cr2 },
         })
     }
 

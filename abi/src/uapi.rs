@@ -888,6 +888,11 @@ pub struct LguestData {
     /// hypercall. Read at each such entry; 0 means the `LHCALL_SET_STACK`
     /// value. Above [`GUEST_VA_END`] the guest is killed.
     pub kernel_sp0: u64,
+    /// Written by the host: DR6 of the last debug exception (#DB: a
+    /// single-step, `int1`) delivered to the guest, as the CPU reported it
+    /// (negative polarity, the reserved bits set, as the register reads):
+    /// what a native kernel's #DB handler reads from DR6.
+    pub dr6: u64,
 }
 
 /// Compile-time layout checks: the structs are an ABI.
@@ -914,6 +919,7 @@ const _: () = {
     assert!(offset_of!(LguestData, hcalls) == 112);
     assert!(offset_of!(LguestData, reserve_mem) == 112 + 40 * LHCALL_RING_SIZE);
     assert!(offset_of!(LguestData, kernel_sp0) == 2712);
-    assert!(size_of::<LguestData>() == 2720);
+    assert!(offset_of!(LguestData, dr6) == 2720);
+    assert!(size_of::<LguestData>() == 2728);
     assert!(size_of::<LguestData>() <= 4096);
 };

@@ -234,7 +234,8 @@ fn rust_layout() -> BTreeMap<String, u64> {
             noirq_iret,
             kernel_address,
             syscall_vec,
-            kernel_sp0
+            kernel_sp0,
+            dr6
         ]
     ));
     all.into_iter().collect()
@@ -304,6 +305,7 @@ const STRUCTS: &[(&str, &[&str])] = &[
             "kernel_address",
             "syscall_vec",
             "kernel_sp0",
+            "dr6",
         ],
     ),
 ];

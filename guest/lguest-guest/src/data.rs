@@ -52,6 +52,7 @@ const INITIAL: LguestData = LguestData {
     syscall_vec: 0,
     pad1: 0,
     kernel_sp0: 0,
+    dr6: 0,
 };
 
 /// The shared page. Only the volatile and atomic accessors below touch it,

@@ -228,6 +228,7 @@ struct lguest_data {
 	__u32 syscall_vec;
 	__u32 pad1;
 	__u64 kernel_sp0;	/* next entry from user mode (0: SET_STACK's) */
+	__u64 dr6;		/* the last #DB's DR6, written by the host */
 };
 
 #endif /* _UAPI_LINUX_LGUEST_H */

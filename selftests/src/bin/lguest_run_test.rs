@@ -1615,12 +1615,7 @@ fn linux_userspace() -> TestResult {
 /// configuration, not by a fault (Documentation/guest-abi.rst, "What a
 /// guest process sees"): (probe, the guest's result, why). Each is still
 /// checked: the guest must give exactly this.
-const KNOWN_DIFFERENCES: [(&str, &str, &str); 2] = [
-    (
-        "tf-across-syscall",
-        "exit 0",
-        "OPEN (issue 35): the guest's processes get no SIGTRAP for single-steps (TF); being fixed",
-    ),
+const KNOWN_DIFFERENCES: [(&str, &str, &str); 1] = [
     (
         "sigreturn-cs-0x23",
         "sig 11 code 128 addr 0 trap 13 err 0x20 rip user cs 0x23 ss 0x2b",

@@ -76,6 +76,7 @@ struct LguestData {
     syscall_vec: u32,
     pad1: u32,
     kernel_sp0: u64,
+    dr6: u64,
 }
 
 // The offsets head_64.S uses, and the ABI's (guest-abi.rst).
@@ -84,6 +85,7 @@ const _: () = assert!(offset_of!(LguestData, cr2) == 16);
 const _: () = assert!(offset_of!(LguestData, irq_pending) == 40);
 const _: () = assert!(offset_of!(LguestData, reserve_mem) == 2672);
 const _: () = assert!(offset_of!(LguestData, kernel_sp0) == 2712);
+const _: () = assert!(offset_of!(LguestData, dr6) == 2720);
 
 /// [`LguestData`] as a static the host writes behind the compiler's back.
 #[repr(transparent)]
@@ -117,6 +119,7 @@ static LGUEST_DATA: Shared = Shared(UnsafeCell::new(LguestData {
     syscall_vec: 0,
     pad1: 0,
     kernel_sp0: 0,
+    dr6: DR6_RESERVED,
 }));
 
 /// Reads a field of the shared page.
@@ -403,11 +406,28 @@ unsafe extern "C" fn lguest_read_pmc(_counter: c_int) -> u64 {
     0
 }
 
-unsafe extern "C" fn lguest_get_debugreg(_regno: c_int) -> c_ulong {
-    0
+/// DR6 with no condition reported (its reserved bits read as 1).
+const DR6_RESERVED: u64 = 0xffff_0ff0;
+
+/// The debug registers: DR6 is the one the host fills in, at each debug
+/// exception it reflects (`lguest_data.dr6`), so that the #DB handler
+/// sees a single-step as the CPU reported it and signals the process;
+/// the handler's write of the reset value clears it. The breakpoint
+/// registers (DR0-DR3, DR7) are not virtualized: they read as 0, their
+/// writes are dropped.
+unsafe extern "C" fn lguest_get_debugreg(regno: c_int) -> c_ulong {
+    if regno == 6 {
+        ld_read!(dr6) as c_ulong
+    } else {
+        0
+    }
 }
 
-unsafe extern "C" fn lguest_set_debugreg(_regno: c_int, _value: c_ulong) {}
+unsafe extern "C" fn lguest_set_debugreg(regno: c_int, value: c_ulong) {
+    if regno == 6 {
+        ld_write!(dr6, value as u64);
+    }
+}
 
 unsafe extern "C" fn lguest_read_cr0() -> c_ulong {
     VIRT_CR0
