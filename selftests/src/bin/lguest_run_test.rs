@@ -1615,13 +1615,11 @@ fn linux_userspace() -> TestResult {
 /// configuration, not by a fault (Documentation/guest-abi.rst, "What a
 /// guest process sees"): (probe, the guest's result, why). Each is still
 /// checked: the guest must give exactly this.
-const KNOWN_DIFFERENCES: [(&str, &str, &str); 1] = [
-    (
-        "sigreturn-cs-0x23",
-        "sig 11 code 128 addr 0 trap 13 err 0x20 rip user cs 0x23 ss 0x2b",
-        "no compat mode: the guest's GDT has no 32-bit user code segment, so CS 0x23 is the #GP of a null descriptor",
-    ),
-];
+const KNOWN_DIFFERENCES: [(&str, &str, &str); 1] = [(
+    "sigreturn-cs-0x23",
+    "sig 11 code 128 addr 0 trap 13 err 0x20 rip user cs 0x23 ss 0x2b",
+    "no compat mode: the guest's GDT has no 32-bit user code segment, so CS 0x23 is the #GP of a null descriptor",
+)];
 
 /// Probes whose native result on a 5-level host (LA57) is a 5-level
 /// machine's: there 2^47 and above are canonical user addresses, where the
