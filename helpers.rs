@@ -304,15 +304,18 @@ pub(crate) fn has_ibpb() -> bool {
 
 /// An indirect branch prediction barrier, and the return stack stuffed
 /// where IBPB leaves return predictions alone (`lguest_ibpb`, the
-/// kernel's `write_ibpb`). Only where [`has_ibpb`] says the CPU has it.
-pub(crate) fn ibpb() {
-    if has_ibpb() {
-        // SAFETY: A write of PRED_CMD.IBPB, legal where the CPU has it
-        // (checked), changes only predictor state; `lguest_ibpb` clobbers
-        // only RAX, RCX and RDX, which the C calling convention leaves to
-        // the callee.
-        unsafe { ffi::lguest_ibpb() }
-    }
+/// kernel's `write_ibpb`).
+///
+/// # Safety
+///
+/// The CPU has IBPB ([`has_ibpb`]): elsewhere the write of PRED_CMD is a
+/// #GP in the kernel.
+pub(crate) unsafe fn ibpb() {
+    // SAFETY: A write of PRED_CMD.IBPB, legal where the CPU has it (as the
+    // caller promises), changes only predictor state; `lguest_ibpb`
+    // clobbers only RAX, RCX and RDX, which the C calling convention
+    // leaves to the callee.
+    unsafe { ffi::lguest_ibpb() }
 }
 
 /// `kernel_fpu_begin`, for a guest's FPU state.

@@ -1105,7 +1105,9 @@ impl Switcher {
     pub(crate) fn ibpb_for(&self, vcpu: &mut GuestCpu) {
         match self.ibpb_kind() {
             0 => return,
-            1 => helpers::ibpb(),
+            // SAFETY: Kind 1 only where the CPU has IBPB (`self.ibpb`,
+            // from `has_ibpb` at load).
+            1 => unsafe { helpers::ibpb() },
             _ => {}
         }
         vcpu.ibpbs += 1;

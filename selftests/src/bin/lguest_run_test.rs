@@ -149,6 +149,16 @@ fn describe(o: &Outcome) -> String {
     format!("exit {}; stdout {:?}; stderr {:?}", o.code, o.stdout, o.stderr)
 }
 
+/// The launcher's `--stats=json` report: the last line of its stderr that
+/// is a JSON object.
+fn json_report(o: &Outcome) -> Result<serde_json::Value, t::NotPassed> {
+    let line = o.stderr.lines().rev().find(|l| l.starts_with('{')).unwrap_or_default();
+    match serde_json::from_str(line) {
+        Ok(v) => Ok(v),
+        Err(e) => fail!("no JSON report ({e}): {}", describe(o)),
+    }
+}
+
 /// The hello sample greets and powers off: status 0.
 fn hello() -> TestResult {
     let o = run("hello", &["from", "the", "tests"])?;
@@ -535,11 +545,8 @@ fn direct_bench_stats(n: u64, words: &[&str]) -> Result<(Outcome, serde_json::Va
     let o = wait(spawn_launcher(&args)?, Duration::from_secs(1200))?;
     check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
     check!(o.stdout.contains(" int80 round trips in "), "the bench did not finish: {}", describe(&o));
-    let line = o.stderr.lines().rev().find(|l| l.starts_with('{')).unwrap_or_default();
-    match serde_json::from_str(line) {
-        Ok(v) => Ok((o, v)),
-        Err(e) => fail!("no JSON report ({e}): {}", describe(&o)),
-    }
+    let v = json_report(&o)?;
+    Ok((o, v))
 }
 
 /// Review N4: `LHCALL_IBPB`. A guest that asks for a barrier now and at
@@ -1114,11 +1121,7 @@ fn direct_run(calls: u64, signals: bool) -> TestResult {
     if signals {
         check!(sent >= 1 && dumps >= 1, "{sent} SIGUSR1 sent during the system calls, {dumps} dumps");
     }
-    let line = o.stderr.lines().rev().find(|l| l.starts_with('{')).unwrap_or_default();
-    let v: serde_json::Value = match serde_json::from_str(line) {
-        Ok(v) => v,
-        Err(e) => fail!("no JSON report ({e}): {}", describe(&o)),
-    };
+    let v = json_report(&o)?;
     let n = |key: &str| v["vm"][key].as_u64().unwrap_or(u64::MAX);
     let (exits, hypercalls, syscalls, sysrets) =
         (n("exits"), n("hypercalls"), n("direct_syscalls"), n("direct_sysrets"));
@@ -1570,11 +1573,7 @@ fn linux_userspace() -> TestResult {
     check_eq!(o.code, 0, format!("exit status ({})", describe(&o)));
     // Its system calls take the direct path (Linux registers a direct
     // entry): where the host has FSGSBASE, without exits.
-    let line = o.stderr.lines().rev().find(|l| l.starts_with('{')).unwrap_or_default();
-    let v: serde_json::Value = match serde_json::from_str(line) {
-        Ok(v) => v,
-        Err(e) => fail!("no JSON report ({e}): {}", describe(&o)),
-    };
+    let v = json_report(&o)?;
     let n = |key: &str| v["vm"][key].as_u64().unwrap_or(0);
     let (exits, syscalls, sysrets) = (n("exits"), n("direct_syscalls"), n("direct_sysrets"));
     println!("# {exits} exits, {syscalls} direct syscalls, {sysrets} direct sysrets");
