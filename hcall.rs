@@ -62,6 +62,7 @@ fn name(nr: u64) -> &'static str {
         uapi::LHCALL_INVLPG => "INVLPG",
         uapi::LHCALL_GET_SEGMENT_BASE => "GET_SEGMENT_BASE",
         uapi::LHCALL_IBPB => "IBPB",
+        uapi::LHCALL_SET_DEBUGREGS => "SET_DEBUGREGS",
         _ => "unknown",
     }
 }
@@ -80,14 +81,15 @@ pub(crate) fn do_hypercalls(cx: &mut Ctx<'_>) -> Result<Option<UserExit>, Kill> 
         arg4: regs.r10,
     };
     let exit = dispatch(cx, &args, false)?;
-    // IRET_USER and IRET loaded the RAX to return with, GET_SEGMENT_BASE
-    // and IBPB their result: leave it.
+    // IRET_USER and IRET loaded the RAX to return with, GET_SEGMENT_BASE,
+    // IBPB and SET_DEBUGREGS their result: leave it.
     if !matches!(
         args.arg0,
         uapi::LHCALL_IRET_USER
             | uapi::LHCALL_IRET
             | uapi::LHCALL_GET_SEGMENT_BASE
             | uapi::LHCALL_IBPB
+            | uapi::LHCALL_SET_DEBUGREGS
     ) {
         cx.vcpu.cpu.regs.rax = 0;
     }
@@ -136,6 +138,7 @@ fn dispatch(cx: &mut Ctx<'_>, a: &HcallArgs, in_ring: bool) -> Result<Option<Use
             | uapi::LHCALL_IRET
             | uapi::LHCALL_GET_SEGMENT_BASE
             | uapi::LHCALL_IBPB
+            | uapi::LHCALL_SET_DEBUGREGS
     );
     if in_ring && needs_launcher {
         return kill!("hypercall {} is not allowed in the async ring", name(nr));
@@ -195,6 +198,7 @@ fn dispatch(cx: &mut Ctx<'_>, a: &HcallArgs, in_ring: bool) -> Result<Option<Use
         uapi::LHCALL_SET_SEGMENT_BASE => set_segment_base(cx, a.arg1, a.arg2).map(|()| None),
         uapi::LHCALL_GET_SEGMENT_BASE => get_segment_base(cx, a.arg1).map(|()| None),
         uapi::LHCALL_IBPB => ibpb(cx, a.arg1).map(|()| None),
+        uapi::LHCALL_SET_DEBUGREGS => set_debugregs(cx, a.arg1).map(|()| None),
         uapi::LHCALL_TS | uapi::LHCALL_LOAD_TLS | uapi::LHCALL_LOAD_GDT_ENTRY => {
             kill!("hypercall {} is not supported by this host yet", name(nr))
         }
@@ -253,7 +257,7 @@ fn enter_user(
     v.cpu.regs.rax = rax;
     v.cpu.regs.rip = rip;
     v.cpu.regs.rsp = rsp;
-    v.cpu.regs.rflags = GuestCpu::sanitize_flags(rflags);
+    v.cpu.regs.rflags = GuestCpu::iret_flags(rflags);
     v.cpu.set_mode(true);
     let (cs, ss) = selectors.unwrap_or(user);
     let error = if cs != user.0 {
@@ -410,6 +414,24 @@ fn ibpb(cx: &mut Ctx<'_>, flags: u64) -> Result<(), Kill> {
         sw.ibpb_for(cpu);
     }
     cpu.regs.rax = uapi::LGUEST_IBPB_DONE;
+    Ok(())
+}
+
+/// `LHCALL_SET_DEBUGREGS(dr7)`: the guest's hardware breakpoints, DR0-DR3
+/// read once from `lguest_data`, armed from the next entry as
+/// [`uapi::debugreg_dr7`] accepts them; that DR7 is the result.
+fn set_debugregs(cx: &mut Ctx<'_>, dr7: u64) -> Result<(), Kill> {
+    if dr7 >> 32 != 0 {
+        return kill!("SET_DEBUGREGS: DR7 {dr7:#x} sets reserved bits");
+    }
+    let Some(ld) = cx.vcpu.lguest_data else {
+        return kill!("SET_DEBUGREGS before LGUEST_INIT");
+    };
+    let addrs = ld.debugregs(cx.mem)?;
+    let cpu = &mut cx.vcpu.cpu;
+    cpu.dr7 = uapi::debugreg_dr7(dr7, &addrs);
+    cpu.debugregs = addrs;
+    cpu.regs.rax = cpu.dr7;
     Ok(())
 }
 

@@ -63,6 +63,8 @@ mod ffi {
         pub(super) fn lg_has_ibpb() -> bool;
         pub(super) fn lguest_ibpb();
         pub(super) fn lg_xfd_restore(old: u64);
+        pub(super) fn lg_debugregs_load(addrs: *const u64, dr7: u64, saved: *mut u64);
+        pub(super) fn lg_debugregs_restore(saved: *const u64);
         pub(super) fn lg_eventfd_get(fd: i32, err: *mut i32) -> *mut core::ffi::c_void;
         pub(super) fn lg_eventfd_signal(ctx: *mut core::ffi::c_void);
         pub(super) fn lg_eventfd_put(ctx: *mut core::ffi::c_void);
@@ -293,6 +295,39 @@ pub(crate) unsafe fn xfd_arm() -> u64 {
 pub(crate) unsafe fn xfd_restore(old: u64) {
     // SAFETY: The exact value the kernel had, as the caller promises.
     unsafe { ffi::lg_xfd_restore(old) }
+}
+
+/// The host's debug registers as [`debugregs_load`] found them.
+pub(crate) struct HostDebugregs([u64; 5]);
+
+/// Loads a guest's breakpoints: the live DR7 saved and off (and DR0-DR3
+/// saved where it armed any), DR0-DR3 = `addrs`, then DR7 = `dr7`.
+/// Returns what [`debugregs_restore`] puts back.
+///
+/// # Safety
+///
+/// Interrupts must be off, and stay off until [`debugregs_restore`] has
+/// run on this CPU; `dr7` arms only breakpoints on user addresses
+/// (`uapi::debugreg_dr7`), which the host's code in between does not
+/// touch but for an NMI handler's copy of the launcher's user stack (a
+/// stray #DB the host's handler ignores, Documentation/switcher.rst).
+pub(crate) unsafe fn debugregs_load(addrs: &[u64; 4], dr7: u64) -> HostDebugregs {
+    let mut saved = HostDebugregs([0; 5]);
+    // SAFETY: `addrs` is 4 u64s and `saved` 5; the caller's promise
+    // covers the rest.
+    unsafe { ffi::lg_debugregs_load(addrs.as_ptr(), dr7, saved.0.as_mut_ptr()) };
+    saved
+}
+
+/// Puts back the host's breakpoints after [`debugregs_load`].
+///
+/// # Safety
+///
+/// `saved` is what [`debugregs_load`] returned on this CPU, interrupts
+/// off since.
+pub(crate) unsafe fn debugregs_restore(saved: &HostDebugregs) {
+    // SAFETY: The values the CPU had, as the caller promises.
+    unsafe { ffi::lg_debugregs_restore(saved.0.as_ptr()) }
 }
 
 /// The CPU has IBPB (an indirect branch prediction barrier by a write of

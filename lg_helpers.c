@@ -31,6 +31,7 @@
 #include <asm/fpu/xstate.h>
 #include <asm/mce.h>
 #include <asm/ptrace.h>
+#include <asm/debugreg.h>
 #include <linux/cc_platform.h>
 #include <linux/mem_encrypt.h>
 #include <linux/vmalloc.h>
@@ -448,6 +449,9 @@ void lg_fpu_end(void)
 	kernel_fpu_end();
 }
 
+/* DR7's L0-L3 and G0-G3. */
+#define DR7_ENABLES 0xffUL
+
 /* The CPU has an indirect branch prediction barrier (PRED_CMD.IBPB). */
 bool lg_has_ibpb(void)
 {
@@ -480,6 +484,53 @@ void lg_xfd_restore(u64 old)
 {
 	if ((old & XFEATURE_MASK_USER_DYNAMIC) != XFEATURE_MASK_USER_DYNAMIC)
 		wrmsrq(MSR_IA32_XFD, old);
+}
+
+/*
+ * A guest's hardware breakpoints around its run (Documentation/switcher.rst,
+ * "Debug registers"), switched as KVM switches them: the live DR7 saved and
+ * turned off first, so that no half-written breakpoint fires, then DR0-DR3
+ * and the guest's DR7. Where the host had breakpoints of its own armed
+ * (perf's, a ptrace'd task's: any enable bit in DR7), DR0-DR3 are saved as
+ * well and everything goes back exactly (the kernel's own
+ * hw_breakpoint_restore() is exported to KVM only); where it had none,
+ * DR0-DR3 keep the guest's values under a DR7 of 0, which arms nothing.
+ * Called with interrupts off; saved[0..3] are DR0-DR3, saved[4] DR7.
+ */
+void lg_debugregs_load(const u64 *addrs, u64 dr7, u64 *saved)
+{
+	unsigned long v;
+
+	get_debugreg(v, 7);
+	saved[4] = v;
+	if (v & DR7_ENABLES) {
+		set_debugreg(0UL, 7);
+		get_debugreg(v, 0);
+		saved[0] = v;
+		get_debugreg(v, 1);
+		saved[1] = v;
+		get_debugreg(v, 2);
+		saved[2] = v;
+		get_debugreg(v, 3);
+		saved[3] = v;
+	}
+	set_debugreg(addrs[0], 0);
+	set_debugreg(addrs[1], 1);
+	set_debugreg(addrs[2], 2);
+	set_debugreg(addrs[3], 3);
+	set_debugreg(dr7, 7);
+}
+
+void lg_debugregs_restore(const u64 *saved)
+{
+	set_debugreg(0UL, 7);
+	if (saved[4] & DR7_ENABLES) {
+		set_debugreg(saved[0], 0);
+		set_debugreg(saved[1], 1);
+		set_debugreg(saved[2], 2);
+		set_debugreg(saved[3], 3);
+		set_debugreg(saved[4], 7);
+	}
 }
 
 /*

@@ -58,6 +58,8 @@ void lg_fpu_end(void);
 void lg_clear_xfd_err(void);
 u64 lg_xfd_arm(void);
 void lg_xfd_restore(u64 old);
+void lg_debugregs_load(const u64 *addrs, u64 dr7, u64 *saved);
+void lg_debugregs_restore(const u64 *saved);
 
 struct eventfd_ctx;
 struct eventfd_ctx *lg_eventfd_get(int fd, int *err);

@@ -110,6 +110,22 @@ impl LguestData {
         self.read(mem, offset_of!(Raw, cr2))
     }
 
+    /// `debugreg`: DR0-DR3 as the guest wrote them, read once.
+    pub(crate) fn debugregs(&self, mem: &GuestMemory) -> Result<[u64; 4], Kill> {
+        let mut b = [0u8; 32];
+        if mem
+            .read(self.gpa + offset_of!(Raw, debugreg) as u64, &mut b)
+            .is_err()
+        {
+            return kill!("lguest_data at {:#x} is no longer readable", self.gpa);
+        }
+        let mut v = [0u64; 4];
+        for (i, r) in v.iter_mut().enumerate() {
+            *r = u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]));
+        }
+        Ok(v)
+    }
+
     /// Writes `dr6` (before a debug exception is delivered).
     pub(crate) fn set_dr6(&self, mem: &GuestMemory, dr6: u64) -> Result<(), Kill> {
         self.write(mem, offset_of!(Raw, dr6), dr6)

@@ -104,6 +104,11 @@ mod slot {
 const RFLAGS_GUEST_MASK: u64 =
     0x1 | 0x4 | 0x10 | 0x40 | 0x80 | 0x100 | 0x400 | 0x800 | 0x4000 | 0x4_0000;
 const RFLAGS_FIXED: u64 = 0x2 | 0x200;
+/// RF, which an `iretq` (not a `sysretq`) may set: the guest kernel's
+/// return to an instruction whose execution breakpoint has just fired
+/// (Linux's #DB handler sets it), so that it runs instead of faulting
+/// again. The CPU clears it after that instruction.
+const RFLAGS_RF: u64 = 0x1_0000;
 
 /// The top-level slot of the switcher's alias: the first of the x86 guard
 /// hole ("guard hole, also reserved for hypervisor",
@@ -618,6 +623,12 @@ pub(crate) struct GuestCpu {
     pub(crate) exit_in_user: bool,
     /// The barriers made for it (`stat_ibpbs`).
     pub(crate) ibpbs: u64,
+    /// The guest's hardware breakpoints as the host arms them
+    /// (`LHCALL_SET_DEBUGREGS`): DR0-DR3, and DR7 as
+    /// `uapi::debugreg_dr7` accepted it (0: none, the host's own
+    /// breakpoints stay as they are).
+    pub(crate) debugregs: [u64; 4],
+    pub(crate) dr7: u64,
     /// The `syscall_msr_test` knob: an exit that did not put back the
     /// foreign LSTAR, STAR and SYSCALL_MASK loaded before the entry
     /// (what it left, what it should have).
@@ -637,6 +648,11 @@ impl GuestCpu {
     /// Clamps RFLAGS to what a guest may have.
     pub(crate) fn sanitize_flags(flags: u64) -> u64 {
         (flags & RFLAGS_GUEST_MASK) | RFLAGS_FIXED
+    }
+
+    /// Clamps RFLAGS to what an `iretq` to the guest may load: RF too.
+    pub(crate) fn iret_flags(flags: u64) -> u64 {
+        Self::sanitize_flags(flags) | (flags & RFLAGS_RF)
     }
 
     /// Whether RIP and RSP are what a launcher or a guest kernel may set
@@ -1309,11 +1325,21 @@ impl Switcher {
             f[slot::ERROR] = 0;
             f[slot::RIP] = r.rip;
             f[slot::CS] = uapi::LGUEST_GUEST_CS;
-            f[slot::RFLAGS] = GuestCpu::sanitize_flags(r.rflags);
+            f[slot::RFLAGS] = GuestCpu::iret_flags(r.rflags);
             f[slot::RSP] = r.rsp;
             f[slot::SS] = uapi::LGUEST_GUEST_SS;
         }
 
+        // The guest's breakpoints, where it has any: in the CPU from here
+        // to right after the switch, the host's own put back before
+        // interrupts come on (Documentation/switcher.rst, "Debug
+        // registers").
+        let host_debugregs = (vcpu.dr7 != 0).then(|| {
+            // SAFETY: Interrupts are off (`_irqs_off`); `debugregs_restore`
+            // runs right after the switch, before they come on. The DR7 is
+            // `uapi::debugreg_dr7`'s: breakpoints on user addresses only.
+            unsafe { helpers::debugregs_load(&vcpu.debugregs, vcpu.dr7) }
+        });
         // AMX's tiles are outside the guest's state: XFD armed for them
         // whatever the last FPU owner on this CPU left, loaded or not, so
         // that the guest neither reads nor writes tile registers another
@@ -1361,6 +1387,10 @@ impl Switcher {
         // SAFETY: `xfd` is what `xfd_arm` returned above, interrupts off
         // since.
         unsafe { helpers::xfd_restore(xfd) };
+        if let Some(saved) = &host_debugregs {
+            // SAFETY: Loaded above, interrupts off since.
+            unsafe { helpers::debugregs_restore(saved) };
+        }
 
         // SAFETY: As above: the switcher has returned, so this code is again
         // the only user of the block.

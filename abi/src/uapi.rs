@@ -714,6 +714,59 @@ pub const LGUEST_IBPB_USER_ENTRY: u64 = 2;
 pub const LGUEST_IBPB_DONE: u64 = 0;
 /// [`LHCALL_IBPB`] result: the host's CPU has no IBPB.
 pub const LGUEST_IBPB_UNAVAILABLE: u64 = 1;
+/// Hypercall: the guest's hardware breakpoints (Documentation/guest-abi.rst,
+/// "Debug registers"). Argument 1: DR7 as the guest kernel wrote it; the
+/// host reads DR0-DR3 once from `lguest_data.debugreg` and arms, in the
+/// CPU, from the next entry on and in both guest modes, the breakpoints
+/// [`debugreg_dr7`] accepts. The result in RAX: that DR7 (0: none armed).
+/// Bits 32-63 of DR7 set kill, as their `mov` to DR7 would #GP natively.
+/// Not allowed in the async ring (the addresses are read at the call).
+pub const LHCALL_SET_DEBUGREGS: u64 = 27;
+
+/// DR7's bits the host keeps of a guest's: L0-L3 and G0-G3 (bits 0-7),
+/// LE and GE (8, 9) and each breakpoint's RW and LEN (16-31). GD (13) and
+/// RTM (11), which would change how the host's own code runs, are dropped.
+const DR7_GUEST_BITS: u64 = 0xffff_03ff;
+/// DR7's bit 10, which always reads as 1.
+const DR7_FIXED: u64 = 0x400;
+
+/// The DR7 the host arms for a guest that asks for `dr7` with DR0-DR3 =
+/// `addrs` ([`LHCALL_SET_DEBUGREGS`]): each breakpoint `dr7` enables (L or
+/// G) whose kind and range the host accepts, with its RW and LEN fields,
+/// and LE and GE as asked, bit 10 set; 0 when none is accepted. Accepted:
+/// data breakpoints (RW 1, writes; RW 3, reads and writes) of 1, 2, 4 or 8
+/// bytes, and execution breakpoints (RW 0, LEN 0), whose whole range as
+/// the CPU aligns it (down to its length) is below [`GUEST_VA_END`]: user
+/// addresses, as native Linux allows a process's breakpoints. Refused: I/O
+/// breakpoints (RW 2, undefined without CR4.DE), execution breakpoints
+/// with a length, and any address at or above `GUEST_VA_END`, the guest's
+/// kernel and the host's switcher among them, since a breakpoint there
+/// would fire in the host's own code (a refused breakpoint never fires).
+pub const fn debugreg_dr7(dr7: u64, addrs: &[u64; 4]) -> u64 {
+    let mut armed = 0;
+    let mut i = 0;
+    while i < 4 {
+        let enable = (dr7 >> (2 * i)) & 3;
+        let rw = (dr7 >> (16 + 4 * i)) & 3;
+        let len = (dr7 >> (18 + 4 * i)) & 3;
+        let size = match len {
+            0 => 1,
+            1 => 2,
+            2 => 8,
+            _ => 4,
+        };
+        let start = addrs[i] & !(size - 1);
+        let kind_ok = rw == 1 || rw == 3 || (rw == 0 && len == 0);
+        if enable != 0 && kind_ok && start < GUEST_VA_END && GUEST_VA_END - start >= size {
+            armed |= (enable << (2 * i)) | (0xf << (16 + 4 * i));
+        }
+        i += 1;
+    }
+    if armed == 0 {
+        return 0;
+    }
+    (dr7 & DR7_GUEST_BITS & (armed | 0x300)) | DR7_FIXED
+}
 /// [`LHCALL_SET_SYSCALL`] arg 2: the direct system call, the native
 /// contract, switched by the switcher without the host's run loop where it
 /// can (Documentation/switcher.rst, "The direct system call").
@@ -893,6 +946,8 @@ pub struct LguestData {
     /// (negative polarity, the reserved bits set, as the register reads):
     /// what a native kernel's #DB handler reads from DR6.
     pub dr6: u64,
+    /// Written by the guest: DR0-DR3, which [`LHCALL_SET_DEBUGREGS`] reads.
+    pub debugreg: [u64; 4],
 }
 
 /// Compile-time layout checks: the structs are an ABI.
@@ -920,6 +975,7 @@ const _: () = {
     assert!(offset_of!(LguestData, reserve_mem) == 112 + 40 * LHCALL_RING_SIZE);
     assert!(offset_of!(LguestData, kernel_sp0) == 2712);
     assert!(offset_of!(LguestData, dr6) == 2720);
-    assert!(size_of::<LguestData>() == 2728);
+    assert!(offset_of!(LguestData, debugreg) == 2728);
+    assert!(size_of::<LguestData>() == 2760);
     assert!(size_of::<LguestData>() <= 4096);
 };

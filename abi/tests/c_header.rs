@@ -118,6 +118,7 @@ fn rust_side() -> BTreeMap<&'static str, u64> {
         ("LGUEST_IBPB_USER_ENTRY", abi::LGUEST_IBPB_USER_ENTRY),
         ("LGUEST_IBPB_DONE", abi::LGUEST_IBPB_DONE),
         ("LGUEST_IBPB_UNAVAILABLE", abi::LGUEST_IBPB_UNAVAILABLE),
+        ("LHCALL_SET_DEBUGREGS", abi::LHCALL_SET_DEBUGREGS),
     ])
 }
 
@@ -235,7 +236,8 @@ fn rust_layout() -> BTreeMap<String, u64> {
             kernel_address,
             syscall_vec,
             kernel_sp0,
-            dr6
+            dr6,
+            debugreg
         ]
     ));
     all.into_iter().collect()
@@ -306,6 +308,7 @@ const STRUCTS: &[(&str, &[&str])] = &[
             "syscall_vec",
             "kernel_sp0",
             "dr6",
+            "debugreg",
         ],
     ),
 ];

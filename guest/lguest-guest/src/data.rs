@@ -53,6 +53,7 @@ const INITIAL: LguestData = LguestData {
     pad1: 0,
     kernel_sp0: 0,
     dr6: 0,
+    debugreg: [0; 4],
 };
 
 /// The shared page. Only the volatile and atomic accessors below touch it,
@@ -126,6 +127,15 @@ pub fn set_kernel_sp0(value: u64) {
     // SAFETY: as in `irq_enabled`; the host reads the field once per entry
     // from user mode and checks it.
     unsafe { addr_of_mut!((*data()).kernel_sp0).write_volatile(value) }
+}
+
+/// Writes `debugreg[i]`, DR`i`'s address for the next
+/// `LHCALL_SET_DEBUGREGS`.
+#[inline]
+pub fn set_debugreg(i: usize, value: u64) {
+    // SAFETY: as in `irq_enabled`; the host reads the fields once, at
+    // the hypercall.
+    unsafe { addr_of_mut!((*data()).debugreg[i & 3]).write_volatile(value) }
 }
 
 /// Reads `irq_pending`: non-zero when the host holds an interrupt back until

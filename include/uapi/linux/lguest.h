@@ -181,6 +181,7 @@ struct lguest_cpuid {
 #define LGUEST_IBPB_USER_ENTRY	2	/* one at each entry from user mode */
 #define LGUEST_IBPB_DONE	0
 #define LGUEST_IBPB_UNAVAILABLE	1	/* the host's CPU has no IBPB */
+#define LHCALL_SET_DEBUGREGS	27	/* DR7; DR0-3 in lguest_data; armed DR7 in RAX */
 
 /* The frame of LHCALL_IRET_USER, at the guest kernel's RSP. */
 struct lguest_iret_user {
@@ -229,6 +230,7 @@ struct lguest_data {
 	__u32 pad1;
 	__u64 kernel_sp0;	/* next entry from user mode (0: SET_STACK's) */
 	__u64 dr6;		/* the last #DB's DR6, written by the host */
+	__u64 debugreg[4];	/* DR0-DR3 for LHCALL_SET_DEBUGREGS */
 };
 
 #endif /* _UAPI_LINUX_LGUEST_H */

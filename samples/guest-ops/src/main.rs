@@ -11,7 +11,9 @@
 //!
 //! - `hello`, `args`, `crash`, `badcall`, `badiret`, `spin`, `hcalls N`,
 //!   `irqtoggle N`, `setsyscall ENTRY FLAGS` (hex: `LHCALL_SET_SYSCALL`),
-//!   `sysret` (a direct entry, then its return on the linear map);
+//!   `sysret` (a direct entry, then its return on the linear map),
+//!   `debugregs` (`LHCALL_SET_DEBUGREGS`: what the host arms, then a DR7
+//!   with a reserved bit);
 //! - `data`, `paravirt`, `hcall-halt`, `hcall-halt-blocked`: the shared
 //!   page and the paravirt ops;
 //! - one instruction each, with no handlers installed: `cli`, `sti`, `hlt`,
@@ -52,6 +54,7 @@ fn main(args: Args) -> ! {
         "badiret" => badiret(),
         "setsyscall" => setsyscall(parse_addr(action, arg), parse_addr(action, words.next())),
         "sysret" => sysret(),
+        "debugregs" => debugregs(),
         "spin" => spin(),
         "hcalls" => hcalls(arg),
         "irqtoggle" => irqtoggle(arg),
@@ -83,7 +86,7 @@ fn main(args: Args) -> ! {
 fn usage() {
     println!("guest-ops: usage: guest-ops ACTION [ARG]");
     println!("guest-ops:   hello | args | crash | badcall | badiret | spin | hcalls N | irqtoggle N");
-    println!("guest-ops:   setsyscall ENTRY FLAGS (hex) | sysret");
+    println!("guest-ops:   setsyscall ENTRY FLAGS (hex) | sysret | debugregs");
     println!("guest-ops:   data | paravirt | hcall-halt | hcall-halt-blocked");
     println!("guest-ops:   readswitcher ADDR | writeswitcher ADDR  (ADDR in hex)");
     println!("guest-ops:   {}", insn::Names);
@@ -174,6 +177,25 @@ fn sysret() -> ! {
         core::arch::asm!("int 0x1b", in("rcx") 0x40_0000u64, in("r11") 0x202u64);
     }
     poweroff_fmt(format_args!("guest-ops: sysret: survived"))
+}
+
+/// Four write watches, on a user address, the switcher's slot, the upper
+/// half and the end of user space: the host must arm the first alone and
+/// say so (RAX, the DR7 it armed); then a DR7 with bit 32 set, which only
+/// the guest kernel can write (natively a #GP): the host must kill.
+fn debugregs() -> ! {
+    let addrs = [0x7fff_0000_0000, 0xffff_8000_0000_0000, 0xffff_ffff_8000_0000, lguest_guest::abi::GUEST_VA_END];
+    for (i, a) in addrs.iter().enumerate() {
+        data::set_debugreg(i, *a);
+    }
+    let dr7 = (0..4).fold(0u64, |d, i| d | 1 << (2 * i) | 1 << (16 + 4 * i));
+    // SAFETY: the host reads the four addresses and arms at most write
+    // watches on user addresses, which this guest never writes.
+    let armed = unsafe { hcall(lguest_guest::abi::LHCALL_SET_DEBUGREGS, dr7, 0, 0, 0) };
+    println!("guest-ops: debugregs: asked {dr7:#x}, armed {armed:#x}");
+    // SAFETY: as above; the host should kill the guest here.
+    unsafe { hcall(lguest_guest::abi::LHCALL_SET_DEBUGREGS, 1 << 32 | 1, 0, 0, 0) };
+    poweroff_fmt(format_args!("guest-ops: debugregs: survived"))
 }
 
 fn spin() -> ! {

@@ -37,7 +37,15 @@ mod lhcall {
     pub(crate) const SET_SEGMENT_BASE: u64 = 22;
     pub(crate) const INVLPG: u64 = 24;
     pub(crate) const GET_SEGMENT_BASE: u64 = 25;
+    pub(crate) const IBPB: u64 = 26;
+    pub(crate) const SET_DEBUGREGS: u64 = 27;
 }
+
+/// `LHCALL_IBPB` flags: a barrier now, and one at every entry to this
+/// kernel from user mode; its result `LGUEST_IBPB_DONE`.
+const IBPB_NOW: u64 = 1;
+const IBPB_USER_ENTRY: u64 = 2;
+const IBPB_DONE: u64 = 0;
 
 /// `LHCALL_SHUTDOWN` reasons.
 const SHUTDOWN_POWEROFF: u64 = 1;
@@ -77,6 +85,7 @@ struct LguestData {
     pad1: u32,
     kernel_sp0: u64,
     dr6: u64,
+    debugreg: [u64; 4],
 }
 
 // The offsets head_64.S uses, and the ABI's (guest-abi.rst).
@@ -86,6 +95,7 @@ const _: () = assert!(offset_of!(LguestData, irq_pending) == 40);
 const _: () = assert!(offset_of!(LguestData, reserve_mem) == 2672);
 const _: () = assert!(offset_of!(LguestData, kernel_sp0) == 2712);
 const _: () = assert!(offset_of!(LguestData, dr6) == 2720);
+const _: () = assert!(offset_of!(LguestData, debugreg) == 2728);
 
 /// [`LguestData`] as a static the host writes behind the compiler's back.
 #[repr(transparent)]
@@ -120,6 +130,7 @@ static LGUEST_DATA: Shared = Shared(UnsafeCell::new(LguestData {
     pad1: 0,
     kernel_sp0: 0,
     dr6: DR6_RESERVED,
+    debugreg: [0; 4],
 }));
 
 /// Reads a field of the shared page.
@@ -308,7 +319,8 @@ const VIRT_EFER: u64 = 0xd01;
 /// PAT the host owns (kept, and ignored).
 static FS_BASE: Cell64 = Cell64::new(0);
 static GS_BASE: Cell64 = Cell64::new(0);
-static KERNEL_GS_BASE: Cell64 = Cell64::new(0);
+// MSR_KERNEL_GS_BASE (user mode's GS base) lives in the host only: user
+// mode may change it with wrgsbase, so reads ask the host.
 // MSR_LSTAR (index 1) is also the system-call entry (`write_msr`).
 static KEPT: [Cell64; 8] = [const { Cell64::new(0) }; 8];
 const KEPT_MSRS: [u32; 8] = [
@@ -339,8 +351,10 @@ fn read_msr(msr: u32) -> Option<u64> {
 
 /// Writes `msr`; `false` for one the guest has not got.
 fn write_msr(msr: u32, val: u64) -> bool {
-    let base = |cell: &Cell64, which| {
-        cell.set(val);
+    let base = |cell: Option<&Cell64>, which| {
+        if let Some(cell) = cell {
+            cell.set(val);
+        }
         hcall(lhcall::SET_SEGMENT_BASE, which, val, 0);
         true
     };
@@ -360,9 +374,9 @@ fn write_msr(msr: u32, val: u64) -> bool {
             hcall(lhcall::SET_SYSCALL, entry, flags, 0);
             true
         }
-        MSR_FS_BASE => base(&FS_BASE, BASE_FS),
-        MSR_GS_BASE => base(&GS_BASE, BASE_GS),
-        MSR_KERNEL_GS_BASE => base(&KERNEL_GS_BASE, BASE_USER_GS),
+        MSR_FS_BASE => base(Some(&FS_BASE), BASE_FS),
+        MSR_GS_BASE => base(Some(&GS_BASE), BASE_GS),
+        MSR_KERNEL_GS_BASE => base(None, BASE_USER_GS),
         _ => match KEPT_MSRS.iter().position(|&m| m == msr) {
             Some(i) => {
                 KEPT[i].set(val);
@@ -409,23 +423,50 @@ unsafe extern "C" fn lguest_read_pmc(_counter: c_int) -> u64 {
 /// DR6 with no condition reported (its reserved bits read as 1).
 const DR6_RESERVED: u64 = 0xffff_0ff0;
 
-/// The debug registers: DR6 is the one the host fills in, at each debug
+/// The debug registers. DR6 is the one the host fills in, at each debug
 /// exception it reflects (`lguest_data.dr6`), so that the #DB handler
-/// sees a single-step as the CPU reported it and signals the process;
-/// the handler's write of the reset value clears it. The breakpoint
-/// registers (DR0-DR3, DR7) are not virtualized: they read as 0, their
-/// writes are dropped.
+/// sees a single-step or a breakpoint as the CPU reported it and signals
+/// the process; the handler's write of the reset value clears it. DR0-DR3
+/// go to `lguest_data.debugreg`, and DR7 to the host with them
+/// (`LHCALL_SET_DEBUGREGS`) when it changes, or when an address it enables
+/// does: the host arms the breakpoints on user addresses (a process's,
+/// from `ptrace` and perf), in the CPU from the next entry on. A
+/// breakpoint it refuses (a kernel address) never fires. DR4 and DR5 read
+/// as 0.
+static DR7: Cell64 = Cell64::new(0);
+
 unsafe extern "C" fn lguest_get_debugreg(regno: c_int) -> c_ulong {
-    if regno == 6 {
-        ld_read!(dr6) as c_ulong
-    } else {
-        0
+    match regno {
+        // SAFETY: a field of the shared page, as `ld_read`.
+        0..=3 => unsafe {
+            ptr::addr_of!((*LGUEST_DATA.0.get()).debugreg[regno as usize]).read_volatile()
+                as c_ulong
+        },
+        6 => ld_read!(dr6) as c_ulong,
+        7 => DR7.get() as c_ulong,
+        _ => 0,
     }
 }
 
 unsafe extern "C" fn lguest_set_debugreg(regno: c_int, value: c_ulong) {
-    if regno == 6 {
-        ld_write!(dr6, value as u64);
+    let value = value as u64;
+    match regno {
+        0..=3 => {
+            // SAFETY: a field of the shared page, as `ld_write`.
+            unsafe {
+                ptr::addr_of_mut!((*LGUEST_DATA.0.get()).debugreg[regno as usize])
+                    .write_volatile(value)
+            };
+            if DR7.get() & (3 << (2 * regno)) != 0 {
+                hcall_value(lhcall::SET_DEBUGREGS, DR7.get());
+            }
+        }
+        6 => ld_write!(dr6, value),
+        7 if value != DR7.get() => {
+            DR7.set(value);
+            hcall_value(lhcall::SET_DEBUGREGS, value);
+        }
+        _ => {}
     }
 }
 
@@ -484,10 +525,16 @@ unsafe extern "C" fn lguest_write_idt_entry(
     let high = u64::from(u32::from_le_bytes([raw[8], raw[9], raw[10], raw[11]]));
     let handler = word(0) | word(6) << 16 | high << 32;
     let bits = word(4);
-    let (kind, present) = ((bits >> 8) & 0x1f, bits & 0x8000 != 0);
+    let (kind, present, dpl) = ((bits >> 8) & 0x1f, bits & 0x8000 != 0, (bits >> 13) & 3);
+    // The host turns a user-mode `int $0x80` into vector 0x80 wherever the
+    // guest has a handler there (the ABI's system-call vector). Linux's own
+    // gate for it, with IA32 emulation, has DPL 3; without, vector 0x80 is
+    // a device interrupt's, DPL 0, which a process's `int $0x80` must not
+    // reach (natively it is a #GP). No lguest device uses that vector.
+    let user_int80_refused = entry == 0x80 && dpl != 3;
     // Only 64-bit interrupt (0xe) and trap (0xf) gates mean anything here;
     // the IST index is the host's business (there are no stack switches).
-    if !present {
+    if !present || user_int80_refused {
         hcall(lhcall::LOAD_IDT_ENTRY, entry as u64, 0, 0xe);
     } else if kind == 0xe || kind == 0xf {
         hcall(lhcall::LOAD_IDT_ENTRY, entry as u64, handler, kind);
@@ -700,6 +747,52 @@ fn wait_irq_pending() -> bool {
     true
 }
 
+/// Whether the kernel command line has `word`, whole. Boot code only
+/// (`boot_command_line` is init data).
+#[link_section = ".init.text"]
+fn cmdline_has(word: &[u8]) -> bool {
+    // SAFETY: boot_command_line is a NUL-terminated string, written only
+    // before start_kernel().
+    let cmdline =
+        unsafe { core::ffi::CStr::from_ptr((&raw const bindings::boot_command_line).cast()) };
+    cmdline.to_bytes().split(|&b| b == b' ').any(|w| w == word)
+}
+
+/// A late initcall, with `lguest.ibpb=entry` on the command line: review
+/// N4's barrier between this kernel and its processes. `LHCALL_IBPB` asks
+/// the host for an IBPB now and at every entry to this kernel from user
+/// mode (the direct system call makes its own, the host one at each
+/// exit from user mode it delivers here), so that what a process trained
+/// in the branch predictors does not steer this kernel's indirect
+/// branches. Linux's own IBPB (`write_ibpb`, a `wrmsr` to PRED_CMD) is
+/// not there: the CPU features that select it are hidden (`mask_cpuid`),
+/// since a ring-3 kernel cannot write the MSR.
+#[link_section = ".init.text"]
+unsafe extern "C" fn lguest_ibpb_init() -> c_int {
+    if !cmdline_has(b"lguest.ibpb=entry") {
+        return 0;
+    }
+    let r = hcall_value(lhcall::IBPB, IBPB_NOW | IBPB_USER_ENTRY);
+    // SAFETY: constant formats, one u64 argument for the second.
+    unsafe {
+        if r == IBPB_DONE {
+            bindings::_printk(
+                c"\x016lguest: IBPB at each entry from user mode\n"
+                    .as_ptr()
+                    .cast(),
+            );
+        } else {
+            bindings::_printk(
+                c"\x014lguest: IBPB unavailable on this host (%llu)\n"
+                    .as_ptr()
+                    .cast(),
+                r,
+            );
+        }
+    }
+    0
+}
+
 /// A late initcall, with `lguest.irqtest` on the command line: the seed's
 /// `irq_enable` at work in a Linux kernel. With interrupts off, the host's
 /// timer is armed 100 us ahead and the kernel spins until the host has
@@ -711,15 +804,7 @@ fn wait_irq_pending() -> bool {
 /// goes on from the tick handler, which the interrupt ran.
 #[link_section = ".init.text"]
 unsafe extern "C" fn lguest_irq_selftest() -> c_int {
-    // SAFETY: boot_command_line is a NUL-terminated string, written only
-    // before start_kernel().
-    let cmdline =
-        unsafe { core::ffi::CStr::from_ptr((&raw const bindings::boot_command_line).cast()) };
-    if !cmdline
-        .to_bytes()
-        .split(|&b| b == b' ')
-        .any(|w| w == b"lguest.irqtest")
-    {
+    if !cmdline_has(b"lguest.irqtest") {
         return 0;
     }
     let mut counts = [0u64; 2];
@@ -1063,8 +1148,10 @@ core::arch::global_asm!(
 core::arch::global_asm!(
     ".pushsection .initcall7.init, \"a\"",
     ".long {late} - .",
+    ".long {ibpb} - .",
     ".popsection",
     late = sym lguest_irq_selftest,
+    ibpb = sym lguest_ibpb_init,
 );
 
 // ---- the start -----------------------------------------------------------
@@ -1256,6 +1343,14 @@ fn install_hooks() {
 /// (`patches/0003-x86-the-pv-ring3-feature.patch`, `cpufeatures.h`).
 const X86_FEATURE_LGUEST: usize = 3 * 32 + 7;
 const X86_FEATURE_PV_RING3: usize = 8 * 32 + 20;
+/// The TSC's frequency is known (`calibrate_tsc`), and the TSC needs no
+/// watchdog: what the host says by giving `tsc_khz`, which it does only
+/// for a TSC its own kernel found stable. As VMware's and Hyper-V's guests
+/// set them. Without RELIABLE the TSC clocksource waits for a watchdog
+/// this machine has not got (no HPET, no ACPI PM timer) and is never valid
+/// for high-resolution timers.
+const X86_FEATURE_TSC_RELIABLE: usize = 3 * 32 + 23;
+const X86_FEATURE_TSC_KNOWN_FREQ: usize = 3 * 32 + 31;
 
 /// `setup_force_cpu_cap()` (a C macro): the feature in `boot_cpu_data` and
 /// in the forced set that every later CPU identification applies again.
@@ -1306,6 +1401,10 @@ pub unsafe extern "C" fn lguest_start_kernel() -> ! {
     patch_iret();
     force_cpu_cap(X86_FEATURE_LGUEST);
     force_cpu_cap(X86_FEATURE_PV_RING3);
+    if ld_read!(tsc_khz) != 0 {
+        force_cpu_cap(X86_FEATURE_TSC_KNOWN_FREQ);
+        force_cpu_cap(X86_FEATURE_TSC_RELIABLE);
+    }
     install_hooks();
     // SAFETY: C globals of the kernel's (two bools, boot_params, of 4096
     // bytes); boot is single-threaded; the copy is head_64.S's.
