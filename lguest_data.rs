@@ -110,18 +110,11 @@ impl LguestData {
         self.read(mem, offset_of!(Raw, cr2))
     }
 
-    /// `debugreg`: DR0-DR3 as the guest wrote them, read once.
+    /// `debugreg`: DR0-DR3 as the guest wrote them, each read once.
     pub(crate) fn debugregs(&self, mem: &GuestMemory) -> Result<[u64; 4], Kill> {
-        let mut b = [0u8; 32];
-        if mem
-            .read(self.gpa + offset_of!(Raw, debugreg) as u64, &mut b)
-            .is_err()
-        {
-            return kill!("lguest_data at {:#x} is no longer readable", self.gpa);
-        }
         let mut v = [0u64; 4];
         for (i, r) in v.iter_mut().enumerate() {
-            *r = u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]));
+            *r = self.read(mem, offset_of!(Raw, debugreg) + 8 * i)?;
         }
         Ok(v)
     }

@@ -414,17 +414,10 @@ fn handle(sig: libc::c_int, f: usize, onstack: bool) {
 /// In the child: an alternate stack and the fault handlers on it.
 fn child_setup() {
     const ALT: usize = 64 * 1024;
-    // SAFETY: a fresh anonymous mapping, given to the kernel as the
-    // alternate signal stack and never freed (the child exits).
+    let p = anon(ALT, libc::MAP_PRIVATE);
+    // SAFETY: a fresh mapping, given to the kernel as the alternate signal
+    // stack and never freed (the child exits).
     unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            ALT,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
         let ss = libc::stack_t { ss_sp: p, ss_flags: 0, ss_size: ALT };
         libc::sigaltstack(&ss, std::ptr::null_mut());
     }
@@ -472,18 +465,19 @@ fn name(v: u64) -> String {
     }
 }
 
+/// A fresh anonymous read-write mapping of `len` bytes (`flags`:
+/// MAP_SHARED or MAP_PRIVATE), or MAP_FAILED.
+fn anon(len: usize, flags: libc::c_int) -> *mut libc::c_void {
+    // SAFETY: a new mapping where the kernel chooses; nothing else is
+    // touched.
+    unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags | libc::MAP_ANONYMOUS, -1, 0)
+    }
+}
+
 fn run(probe: &str, then: Then, body: impl FnOnce()) {
-    // SAFETY: a fresh shared anonymous page for the report.
-    let page = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
+    // The report page, shared with the child.
+    let page = anon(4096, libc::MAP_SHARED);
     if page == libc::MAP_FAILED {
         println!("probe {probe}: no report page");
         return;
@@ -657,12 +651,17 @@ fn traced(probe: &str, body: impl FnOnce(), tracer: impl FnOnce(libc::pid_t) -> 
     println!("probe {probe}: {out}");
 }
 
-/// The tracer of `ptrace-singlestep-syscall`: from the SIGSTOP, RIP to
-/// probe_plain, then PTRACE_SINGLESTEP until the tracee ends.
-fn singlestep_plain(pid: libc::pid_t) -> String {
+/// From the tracee's SIGSTOP: RIP to probe_plain.
+fn start_at_plain(pid: libc::pid_t) {
     let mut r = regs(pid);
     r.rip = addr(&raw const probe_plain);
     ptrace(libc::PTRACE_SETREGS, pid, (&raw mut r).cast());
+}
+
+/// The tracer of `ptrace-singlestep-syscall`: from the SIGSTOP, RIP to
+/// probe_plain, then PTRACE_SINGLESTEP until the tracee ends.
+fn singlestep_plain(pid: libc::pid_t) -> String {
+    start_at_plain(pid);
     let mut rips = Vec::new();
     let end = loop {
         match resume(pid, libc::PTRACE_SINGLESTEP) {
@@ -690,9 +689,7 @@ static WATCHED: AtomicU64 = AtomicU64::new(0);
 /// not fire again: the kernel returns with RF set).
 fn hw_breakpoint(pid: libc::pid_t, dr7: u64, target: u64, exec: bool) -> String {
     if exec {
-        let mut r = regs(pid);
-        r.rip = addr(&raw const probe_plain);
-        ptrace(libc::PTRACE_SETREGS, pid, (&raw mut r).cast());
+        start_at_plain(pid);
     }
     let poke = |reg: usize, v: u64| {
         // SAFETY: writes one debug register of the tracee's.
@@ -1061,17 +1058,8 @@ fn main() {
     // Single-stepping across a page fault the kernel resolves, and across
     // `int $0x80` (the 32-bit system call, where the kernel has it).
     run("tf-across-pagefault", Then::Wait, || {
-        // SAFETY: a fresh anonymous page, not touched before the probe.
-        let page = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
+        // A fresh page, not touched before the probe.
+        let page = anon(4096, libc::MAP_PRIVATE);
         step(&raw const probe_tf_pf, &raw const probe_tf_pf_end, page as u64)
     });
     run("tf-across-int80", Then::Wait, || step(&raw const probe_tf_int80, &raw const probe_tf_int80_end, 0));
