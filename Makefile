@@ -17,6 +17,7 @@
 #                 benchmark last (PEERS=, default all; PEERS=none leaves it out)
 #   make peers    only the peer benchmark: gVisor and User-Mode Linux beside
 #                 lguest-rs in one QEMU host boot (PEERS=; scripts/peers.sh)
+#   make rootfs   the Debian root filesystem for the Linux guest (issue 36)
 #   make setup / kernel / build   the individual steps
 #   make module [KDIR=...]   lguest.ko for your own kernel (default: the
 #                 running one's /lib/modules/$(uname -r)/build), into build/module
@@ -27,7 +28,7 @@
 SHELL := /bin/bash
 S := scripts
 
-.PHONY: all setup kernel build test bochs-test run shell gdb debug-test fuzz bench peers check clean module install uninstall
+.PHONY: all setup kernel build test bochs-test run shell gdb debug-test fuzz bench peers check clean module install uninstall rootfs
 
 all: build
 
@@ -39,6 +40,11 @@ kernel: setup
 
 build:
 	bash $(S)/build.sh
+
+# The Debian root filesystem for the Linux guest (scripts/rootfs.sh): a
+# bookworm ext4 image from the Debian archive, cached by its package list.
+rootfs:
+	bash $(S)/rootfs.sh
 
 # The suite runs on the distro flavour, Debian's cloud kernel configuration
 # (PTI, KASLR, IBT, retpolines and return thunks, GCC): the kernel users

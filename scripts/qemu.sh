@@ -5,7 +5,7 @@
 #   qemu.sh MODE [CPU] [TESTS]
 # MODE is test, run or shell (see harness/init); CPU is a QEMU -cpu value
 # (default max: 5-level paging; max,la57=off for 4-level). GDB=1 adds QEMU's
-# gdb stub on :1234 and waits for the debugger. The console goes to stdout;
+# gdb stub on :1234 and waits for the debugger; ROOTFS=IMAGE attaches a disk. The console goes to stdout;
 # KTAP_LOG=FILE sends the second serial port (the KTAP stream) to FILE.
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
@@ -21,6 +21,11 @@ MEM=${QEMU_MEM:-2G}
 args=(-accel "${ACCEL:-tcg}" -cpu "$CPU" -m "$MEM" -smp 2 -nographic -no-reboot
       -kernel "$OUT/bzImage" -initrd "$OUT/initramfs.gz"
       -append "console=ttyS0 panic=-1 loglevel=6 $HOST_KARGS lgtest.mode=$MODE${TESTS:+ lgtest.tests=$TESTS} ${KARGS:-}")
+# ROOTFS=IMAGE: a disk image (make rootfs's Debian root) as the QEMU host's
+# NVMe disk /dev/nvme0n1, written to a snapshot only, for the launcher's
+# --disk path=/dev/nvme0n1 (the distro flavour has the NVMe driver built in).
+[ -n "${ROOTFS:-}" ] && args+=(-drive "file=$ROOTFS,if=none,id=rootfs,format=raw,snapshot=on"
+	-device nvme,drive=rootfs,serial=lguest-rootfs)
 # ICOUNT=1: guest time advances one nanosecond per instruction, so that
 # benchmark figures are instruction counts and repeatable.
 [ "${ICOUNT:-0}" = 1 ] && args+=(-icount shift=0)

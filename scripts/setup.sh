@@ -25,7 +25,8 @@ if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 PKGS=(qemu-system-x86 busybox-static cpio flex bison bc libelf-dev libssl-dev
       xz-utils clang-19 lld-19 llvm-19 libclang-19-dev rustc-web rust-web-src
       libstd-rust-web-dev python3 iproute2 kmod dkms patch
-      bochs bochs-term bochsbios vgabios isolinux syslinux-common genisoimage)
+      bochs bochs-term bochsbios vgabios isolinux syslinux-common genisoimage
+      mmdebstrap e2fsprogs curl)
 
 missing=()
 for p in "${PKGS[@]}"; do
