@@ -114,6 +114,7 @@ pub(crate) struct RunStats {
     pub(crate) direct_syscalls: u64,
     pub(crate) direct_sysrets: u64,
     pub(crate) ibpbs: u64,
+    pub(crate) shadow_reuses: u64,
 }
 
 /// A page used as a vCPU's run page, shared with the launcher (which may
@@ -170,6 +171,7 @@ impl HostPage {
             core::ptr::addr_of_mut!((*r).stat_direct_syscalls).write_volatile(s.direct_syscalls);
             core::ptr::addr_of_mut!((*r).stat_direct_sysrets).write_volatile(s.direct_sysrets);
             core::ptr::addr_of_mut!((*r).stat_ibpbs).write_volatile(s.ibpbs);
+            core::ptr::addr_of_mut!((*r).stat_shadow_reuses).write_volatile(s.shadow_reuses);
         }
     }
 }

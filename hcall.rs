@@ -166,7 +166,7 @@ fn dispatch(cx: &mut Ctx<'_>, a: &HcallArgs, in_ring: bool) -> Result<Option<Use
             }
             Ok(None)
         }
-        uapi::LHCALL_NEW_PGTABLE => paging::new_pgtable(cx, a.arg1).map(|()| None),
+        uapi::LHCALL_NEW_PGTABLE => paging::new_pgtable(cx, a.arg1, a.arg2).map(|()| None),
         uapi::LHCALL_SET_PTE => paging::set_pte(cx, a.arg2).map(|()| None),
         uapi::LHCALL_FLUSH_TLB if cx.shadows.tlb_mode() => {
             paging::tlb_flush(cx, a.arg1 & 1 != 0).map(|()| None)

@@ -114,16 +114,30 @@ fn frame_in_ram(
     Ok(base)
 }
 
-/// `LHCALL_NEW_PGTABLE(gpa)`: the guest's top-level table is now at `gpa`.
-/// Another root's cached shadow is reused; the current root again means
-/// a flush (as reloading CR3 flushes the TLB).
-pub(crate) fn new_pgtable(cx: &mut Ctx<'_>, gpa: u64) -> Result<(), Kill> {
+/// `LHCALL_NEW_PGTABLE(gpa, tag)`: the guest's top-level table is now at
+/// `gpa`. Another root's cached shadow is reused; the current root again
+/// means a flush (as reloading CR3 flushes the TLB). Under TLB semantics
+/// `tag` is what a CR3 write carries besides the address: a PCID in bits
+/// 0-11 and [`uapi::LGUEST_PGTABLE_NOFLUSH`] (before `LGUEST_INIT`, and
+/// without TLB semantics, it is ignored).
+pub(crate) fn new_pgtable(cx: &mut Ctx<'_>, gpa: u64, tag: u64) -> Result<(), Kill> {
     if gpa % PAGE_SIZE != 0
         || gpa
             .checked_add(PAGE_SIZE)
             .map_or(true, |e| e > cx.mem.size())
     {
         return kill!("NEW_PGTABLE: bad page table address {gpa:#x}");
+    }
+    if cx.shadows.tlb_mode() {
+        if tag & !(uapi::LGUEST_PGTABLE_PCID_MASK | uapi::LGUEST_PGTABLE_NOFLUSH) != 0 {
+            return kill!("NEW_PGTABLE: bad PCID and flags {tag:#x}");
+        }
+        let pcid = (tag & uapi::LGUEST_PGTABLE_PCID_MASK) as u16;
+        let noflush = tag & uapi::LGUEST_PGTABLE_NOFLUSH != 0;
+        if cx.shadows.switch_root_tlb(gpa, pcid, noflush).is_err() {
+            return kill!("out of memory for a new shadow page table");
+        }
+        return Ok(());
     }
     if cx.shadows.guest_root() == Some(gpa) {
         // The current root again: a flush, of non-global pages only under
@@ -300,6 +314,11 @@ pub(crate) fn demand_page(cx: &mut Ctx<'_>, va: u64, error: u64) -> Result<Fault
         }
     }
     let dirty = write || entries[last].1 & PTE_D != 0;
+    if last == 3 {
+        // First, so that the faulting page, mapped last, is surely there
+        // if one of them makes the shadows start over at their budget.
+        fault_around(cx, va, &entries, user_mode)?;
+    }
     let Some(phys) = cx.mem.host_phys(gpa / PAGE_SIZE) else {
         return kill!("guest page {gpa:#x} for {va:#x} is not in guest memory");
     };
@@ -330,6 +349,57 @@ pub(crate) fn demand_page(cx: &mut Ctx<'_>, va: u64, error: u64) -> Result<Fault
         return kill!("out of memory for shadow page tables");
     }
     Ok(Fault::Fixed)
+}
+
+/// Pages [`fault_around`] maps with a faulting one: the aligned group of
+/// leaf entries around it (64 KiB, as Linux's own `fault_around_bytes`).
+const FAULT_AROUND: u64 = 16;
+
+/// Maps, with the 4 KiB page at `va` that faulted, its neighbours in the
+/// same guest leaf table (`entries`: the walk that found `va`) that the
+/// guest has already used: present with the accessed bit set (writable
+/// only if dirty too), so that no guest entry is written, and so that a
+/// working set refills after a root switch or a flush in one exit per
+/// group rather than one per page. A TLB may cache any present
+/// translation at any time, so this is allowed under TLB semantics; under
+/// the report-every-change contract every change drops the page anyway.
+/// An entry that cannot be mapped as it is (outside RAM, not user in a
+/// user fault, a page never mapped to guests) is left to fault itself.
+fn fault_around(
+    cx: &mut Ctx<'_>,
+    va: u64,
+    entries: &[(u64, u64); 4],
+    user_mode: bool,
+) -> Result<(), Kill> {
+    let upper_rw = entries[..3].iter().all(|&(_, e)| e & PTE_RW != 0);
+    let upper_nx = entries[..3].iter().any(|&(_, e)| e & PTE_NX != 0);
+    let upper_us = entries[..3].iter().all(|&(_, e)| e & PTE_US != 0);
+    let table = entries[3].0 & !(PAGE_SIZE - 1);
+    let first = (va >> 12) & 511 & !(FAULT_AROUND - 1);
+    for i in first..first + FAULT_AROUND {
+        let nva = (va & !(512 * PAGE_SIZE - 1)) | i << 12;
+        if nva == va & !(PAGE_SIZE - 1) || !uapi::guest_va_ok(nva) {
+            continue;
+        }
+        let e = read_entry(cx.mem, table + 8 * i)?;
+        if e & (PTE_P | PTE_A) != PTE_P | PTE_A || (user_mode && !(upper_us && e & PTE_US != 0)) {
+            continue;
+        }
+        let Some(phys) = cx.mem.host_phys((e & PTE_ADDR) / PAGE_SIZE) else {
+            continue;
+        };
+        let mut pte = phys | PTE_P | PTE_US | PTE_A;
+        if upper_rw && e & (PTE_RW | PTE_D) == PTE_RW | PTE_D {
+            pte |= PTE_RW | PTE_D;
+        }
+        if upper_nx || e & PTE_NX != 0 {
+            pte |= PTE_NX;
+        }
+        if cx.shadows.map(nva, pte, user_mode, e & PTE_G != 0).is_err() {
+            return kill!("out of memory for shadow page tables");
+        }
+    }
+    Ok(())
 }
 
 /// The guest-physical address of guest-virtual `[va, va + len)`, if it is

@@ -249,9 +249,16 @@ impl ShadowPair {
 /// switching back (a guest context switch) does not start from nothing.
 pub(crate) const ROOT_CACHE: usize = 4;
 
+/// Under TLB semantics with PCIDs: the pairs kept for PCIDs that are not
+/// current. Linux tags at most 6 address spaces per CPU
+/// (`TLB_NR_DYN_ASIDS`, PCIDs 1 to 6), so 6 keep every one it uses.
+pub(crate) const PCID_CACHE: usize = 6;
+
 /// A cached shadow pair and the guest root it shadows.
 struct CachedRoot {
     root: u64,
+    /// The PCID it is tagged with (TLB semantics; 0 otherwise).
+    pcid: u16,
     pair: ShadowPair,
     /// When it was last current (for least-recently-used eviction).
     stamp: u64,
@@ -261,8 +268,15 @@ struct CachedRoot {
 pub(crate) struct Shadows {
     /// The shadow pair of the current guest root (or of the linear map).
     current: ShadowPair,
-    /// Other guest roots' shadow pairs, at most [`ROOT_CACHE`].
+    /// Other guest roots' shadow pairs, at most [`ROOT_CACHE`]; under TLB
+    /// semantics, other PCIDs' pairs, at most [`PCID_CACHE`].
     roots: KVec<CachedRoot>,
+    /// Under TLB semantics, the current pair's PCID (0: untagged, never
+    /// kept past a switch).
+    pcid: u16,
+    /// Switches that found the next root's shadow kept (run page's
+    /// `stat_shadow_reuses`).
+    reuses: u64,
     /// Counts root switches (the clock of `CachedRoot::stamp`).
     switches: u64,
     /// Table pages all shadows together may hold ([`budget_for`]).
@@ -339,6 +353,8 @@ impl Shadows {
         Ok(Self {
             current: ShadowPair::new()?,
             roots: KVec::new(),
+            pcid: 0,
+            reuses: 0,
             switches: 0,
             budget,
             guest_root: None,
@@ -359,25 +375,114 @@ impl Shadows {
         self.tlb.is_some()
     }
 
-    /// TLB semantics: drops every non-global mapping, as a CR3 write does
-    /// (a fresh current pair, linked to the shared upper half, whose listed
-    /// non-global pages go too); with `global`, the shared upper half too.
+    /// TLB semantics: drops every non-global mapping of the current PCID,
+    /// as a CR3 write does (a fresh current pair, linked to the shared
+    /// upper half, whose listed non-global pages go too); with `global`,
+    /// the shared upper half and every other PCID's pair too (a CR4.PGE
+    /// toggle flushes all PCIDs).
     pub(crate) fn tlb_flush(&mut self, global: bool) -> Result {
         let mut fresh = ShadowPair::new()?;
-        if let Some(t) = self.tlb.as_mut() {
-            if global || t.overflow {
-                *t = SharedUpper::new()?;
-            } else {
-                for &va in t.nonglobal.iter() {
-                    let _ = t.table.set_existing(va, 0);
-                }
-                t.nonglobal.clear();
-            }
+        if self.flush_upper(global)? || global {
+            self.roots.clear();
+        }
+        if let Some(t) = self.tlb.as_ref() {
             t.link(&mut fresh.kernel);
         }
-        self.roots.clear();
         self.current = fresh;
         Ok(())
+    }
+
+    /// TLB semantics: the shared upper half's non-global pages go, or all
+    /// of it with `global` or when too many were listed to drop one by
+    /// one. True if the tree was replaced: every pair still linked to the
+    /// old one (the current and the cached) must then go, before the old
+    /// tree's pages are reused.
+    fn flush_upper(&mut self, global: bool) -> Result<bool> {
+        let Some(t) = self.tlb.as_mut() else {
+            return Ok(false);
+        };
+        if global || t.overflow {
+            let fresh = SharedUpper::new()?;
+            let old = core::mem::replace(t, fresh);
+            // The pairs go first: their top-level entries point into `old`.
+            self.roots.clear();
+            self.current = ShadowPair::new()?;
+            drop(old);
+            return Ok(true);
+        }
+        for &va in t.nonglobal.iter() {
+            let _ = t.table.set_existing(va, 0);
+        }
+        t.nonglobal.clear();
+        Ok(false)
+    }
+
+    /// TLB semantics: makes guest root `root` current, with PCID `pcid`
+    /// (0: untagged) and, from a CR3 write with bit 63 set, `noflush`. As
+    /// on hardware, a tagged PCID's translations survive the switch: the
+    /// current pair is kept under its PCID (the least recently used of
+    /// [`PCID_CACHE`] goes), and `pcid`'s pair comes back if the guest
+    /// asked not to flush. The host drops more than hardware would (always
+    /// allowed of a TLB): a pair kept for another root than `root`, the
+    /// untagged PCID's at every switch, and the upper half's non-global
+    /// pages at every switch, as without PCIDs.
+    pub(crate) fn switch_root_tlb(&mut self, root: u64, pcid: u16, noflush: bool) -> Result {
+        let replaced = self.flush_upper(false)?;
+        self.switches += 1;
+        let old_root = self.guest_root.replace(root);
+        let old_pcid = core::mem::replace(&mut self.pcid, pcid);
+        let mut next = if pcid != 0 && pcid == old_pcid {
+            // The same PCID: its translations are the current pair's.
+            if noflush && old_root == Some(root) && !replaced {
+                self.reuses += 1;
+                return Ok(());
+            }
+            ShadowPair::new()?
+        } else {
+            let kept = match self.roots.iter().position(|c| c.pcid == pcid) {
+                Some(i) if pcid != 0 => Some(self.roots.remove(i).map_err(|_| EINVAL)?),
+                _ => None,
+            };
+            match kept {
+                Some(c) if noflush && c.root == root => {
+                    self.reuses += 1;
+                    c.pair
+                }
+                _ => ShadowPair::new()?,
+            }
+        };
+        if let Some(t) = self.tlb.as_ref() {
+            t.link(&mut next.kernel);
+        }
+        let old = core::mem::replace(&mut self.current, next);
+        if let (Some(old_root), false) = (old_root, old_pcid == 0 || old_pcid == pcid || replaced) {
+            self.keep(old_root, old_pcid, old, PCID_CACHE);
+        }
+        Ok(())
+    }
+
+    /// Keeps `pair` (guest root `root`, PCID `pcid`) in the cache of at
+    /// most `max`, evicting the least recently used; with no memory to keep
+    /// it, it is simply dropped.
+    fn keep(&mut self, root: u64, pcid: u16, pair: ShadowPair, max: usize) {
+        if self.roots.len() >= max {
+            let lru = (0..self.roots.len())
+                .min_by_key(|&i| self.roots[i].stamp)
+                .unwrap_or(0);
+            drop(self.roots.remove(lru));
+        }
+        let cached = CachedRoot {
+            root,
+            pcid,
+            pair,
+            stamp: self.switches,
+        };
+        let _ = self.roots.push(cached, GFP_KERNEL);
+    }
+
+    /// Switches that found the next root's shadow kept.
+    pub(crate) fn reuses(&self) -> u64 {
+        self.reuses
     }
 
     /// TLB semantics: `LHCALL_INVLPG(va)`: the page's shadow goes from the
@@ -452,33 +557,21 @@ impl Shadows {
     /// and `root`'s cached pair, if any, comes back.
     pub(crate) fn switch_root(&mut self, root: u64) -> Result {
         if self.tlb.is_some() {
-            // No other root's shadow is kept: a CR3 write flushes.
-            self.tlb_flush(false)?;
-            self.switches += 1;
-            self.guest_root = Some(root);
-            return Ok(());
+            // Untagged: a CR3 write without PCIDs flushes.
+            return self.switch_root_tlb(root, 0, false);
         }
         let next = match self.roots.iter().position(|c| c.root == root) {
-            Some(i) => self.roots.remove(i).map_err(|_| EINVAL)?.pair,
+            Some(i) => {
+                self.reuses += 1;
+                self.roots.remove(i).map_err(|_| EINVAL)?.pair
+            }
             None => ShadowPair::new()?,
         };
         let old = core::mem::replace(&mut self.current, next);
         self.switches += 1;
         // The linear map is never switched back to: it is not kept.
         if let Some(old_root) = self.guest_root.replace(root) {
-            if self.roots.len() >= ROOT_CACHE {
-                let lru = (0..self.roots.len())
-                    .min_by_key(|&i| self.roots[i].stamp)
-                    .unwrap_or(0);
-                drop(self.roots.remove(lru));
-            }
-            let cached = CachedRoot {
-                root: old_root,
-                pair: old,
-                stamp: self.switches,
-            };
-            // With no memory to keep it, the old pair is simply dropped.
-            let _ = self.roots.push(cached, GFP_KERNEL);
+            self.keep(old_root, 0, old, ROOT_CACHE);
         }
         Ok(())
     }

@@ -92,6 +92,8 @@ pub(crate) struct Vcpu {
     pub(crate) stat_hypercalls: u64,
     /// Shadow page-table pages of the VM, as of the last exit.
     pub(crate) stat_shadow_pages: u64,
+    /// Root switches that found the next root's shadow kept.
+    pub(crate) stat_shadow_reuses: u64,
     /// Entries with the FPU state loaded.
     pub(crate) stat_fpu_entries: u64,
     pub(crate) stat_global_flushes: u64,
@@ -139,6 +141,7 @@ impl Vcpu {
             stat_exits: 0,
             stat_hypercalls: 0,
             stat_shadow_pages: 0,
+            stat_shadow_reuses: 0,
             stat_fpu_entries: 0,
             stat_global_flushes: 0,
         })
@@ -180,6 +183,7 @@ impl Vcpu {
             direct_syscalls: self.cpu.direct_syscalls,
             direct_sysrets: self.cpu.direct_sysrets,
             ibpbs: self.cpu.ibpbs,
+            shadow_reuses: self.stat_shadow_reuses,
         }
     }
 

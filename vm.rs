@@ -246,6 +246,7 @@ impl Vm {
         loop {
             if let Some(reason) = dead {
                 cx.vcpu.stat_shadow_pages = cx.shadows.pages() as u64;
+                cx.vcpu.stat_shadow_reuses = cx.shadows.reuses();
                 let v = &*cx.vcpu;
                 v.write_exit(uapi::LGUEST_EXIT_KILLED, 0, 0, 0, reason.bytes());
                 return Ok(RunStep::Exit(0));
@@ -364,6 +365,7 @@ impl Vm {
 /// counters are brought up to date, its exit left as it was.
 fn interrupted(cx: &mut Ctx<'_>) -> Result<RunStep> {
     cx.vcpu.stat_shadow_pages = cx.shadows.pages() as u64;
+    cx.vcpu.stat_shadow_reuses = cx.shadows.reuses();
     cx.vcpu.write_stats();
     Err(EINTR)
 }
@@ -372,6 +374,7 @@ fn interrupted(cx: &mut Ctx<'_>) -> Result<RunStep> {
 /// moment: RUN returns.
 fn report(cx: &mut Ctx<'_>, exit: UserExit) -> RunStep {
     cx.vcpu.stat_shadow_pages = cx.shadows.pages() as u64;
+    cx.vcpu.stat_shadow_reuses = cx.shadows.reuses();
     cx.vcpu.report(exit);
     RunStep::Exit(0)
 }

@@ -5,8 +5,10 @@
 #   qemu.sh MODE [CPU] [TESTS]
 # MODE is test, run or shell (see harness/init); CPU is a QEMU -cpu value
 # (default max: 5-level paging; max,la57=off for 4-level). GDB=1 adds QEMU's
-# gdb stub on :1234 and waits for the debugger; ROOTFS=IMAGE attaches a disk. The console goes to stdout;
-# KTAP_LOG=FILE sends the second serial port (the KTAP stream) to FILE.
+# gdb stub on :1234 and waits for the debugger. ROOTFS=IMAGE attaches IMAGE
+# as the host's NVMe disk (/dev/nvme0n1, writes discarded). The console goes
+# to stdout; KTAP_LOG=FILE sends the second serial port (the KTAP stream) to
+# FILE.
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
 MODE=${1:-shell}

@@ -17,12 +17,14 @@ set -euo pipefail
 SUITE=${ROOTFS_SUITE:-bookworm}
 MIRROR=${ROOTFS_MIRROR:-http://deb.debian.org/debian}
 SIZE=${ROOTFS_SIZE:-2G}
+# More packages on top of guest/rootfs/packages (e.g. ROOTFS_EXTRA="strace gdb").
+EXTRA=${ROOTFS_EXTRA:-}
 HERE=$REPO/guest/rootfs
 
 say()  { printf '[rootfs] %s\n' "$*" >&2; }
 fail() { printf '[rootfs] ERROR: %s\n' "$*" >&2; exit 1; }
 
-pkgs=$(grep -v '^#' "$HERE/packages" | xargs | tr ' ' ,)
+pkgs=$( { grep -v '^#' "$HERE/packages"; echo "$EXTRA"; } | xargs | tr ' ' ,)
 key=$( { echo "$SUITE $MIRROR $SIZE $pkgs"; cat "$HERE/customize.sh"; } | sha256sum | cut -c1-12)
 DIR=$CACHE/rootfs/$SUITE-$key
 IMG=$DIR/debian.ext4
@@ -41,18 +43,20 @@ mkdir -p "$DIR"
 LOG=$DIR/build.log
 say "building the $SUITE root filesystem in $DIR (mode $mode, log: $LOG)"
 start=$(date +%s)
+# As root the tree is written as a directory; in unshare mode it is a
+# tarball, since only the user namespace can own its files.
+if [ "$mode" = root ]; then target=$DIR/tree; else target=$DIR/tree.tar; fi
 mmdebstrap --mode="$mode" --variant=important --include="$pkgs" \
 	--customize-hook="$HERE/customize.sh \"\$1\"" \
 	--skip=cleanup/apt/lists \
-	"$SUITE" "$DIR/tree.tar" "$MIRROR" >>"$LOG" 2>&1 \
+	"$SUITE" "$target" "$MIRROR" >>"$LOG" 2>&1 \
 	|| { tail -20 "$LOG" >&2; fail "mmdebstrap failed (log: $LOG)"; }
 # mke2fs -d takes a tarball (e2fsprogs >= 1.47.1) or a directory: unpack
 # to a directory for the e2fsprogs of bookworm, as the user who owns it.
-mkdir "$DIR/tree"
 if [ "$mode" = root ]; then
-	tar -C "$DIR/tree" --numeric-owner -xpf "$DIR/tree.tar"
 	mke2fs -q -t ext4 -L debian -d "$DIR/tree" "$IMG.tmp" "$SIZE" >>"$LOG" 2>&1
 else
+	mkdir "$DIR/tree"
 	# Inside the same user namespace, so that owners are kept.
 	unshare --map-auto --map-root-user sh -c \
 		'tar -C "$1/tree" --numeric-owner -xpf "$1/tree.tar" && mke2fs -q -t ext4 -L debian -d "$1/tree" "$2" "$3"' \

@@ -69,6 +69,21 @@ echo "[test] module builds: $mpass passed, $mfail failed"
 cpass=$((cpass + mpass))
 cfail=$((cfail + mfail))
 
+# The Debian root filesystem (`make rootfs`), attached as the QEMU host's
+# disk for lguest_run_test:linux_debian: built here where the Debian
+# archive can be reached; otherwise that test skips and says why.
+# ROOTFS=none leaves it out.
+if [ -z "${ROOTFS:-}" ]; then
+	if ROOTFS=$(bash "$REPO/scripts/rootfs.sh"); then
+		echo "[test] the Debian root filesystem: $ROOTFS"
+	else
+		echo "[test] no Debian root filesystem (see above): lguest_run_test:linux_debian will skip"
+		ROOTFS=
+	fi
+fi
+[ "${ROOTFS:-}" = none ] && ROOTFS=
+export ROOTFS
+
 mkdir -p "$CACHE/logs"
 stamp=$(date +%Y%m%d-%H%M%S)
 logs=()

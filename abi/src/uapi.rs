@@ -455,8 +455,12 @@ pub struct LguestRun {
     /// ([`LHCALL_IBPB`]) that were made: its own, and one at each entry
     /// to its kernel from user mode while [`LGUEST_IBPB_USER_ENTRY`] is on.
     pub stat_ibpbs: u64,
+    /// Number of switches of the guest's top-level table that found the
+    /// next root's shadow kept (its cached root, or under TLB semantics its
+    /// PCID's, [`LGUEST_PGTABLE_NOFLUSH`]), rather than starting empty.
+    pub stat_shadow_reuses: u64,
     /// Reserved for later exit data.
-    pub reserved: [u64; 4],
+    pub reserved: [u64; 3],
     /// For `LGUEST_EXIT_SHUTDOWN` and `LGUEST_EXIT_KILLED`: a NUL-terminated
     /// message (the guest's, or the host's reason for the kill).
     pub message: [u8; LGUEST_MESSAGE_LEN],
@@ -564,10 +568,11 @@ pub const LGUEST_INIT_LINUX_FRAMES: u64 = 1;
 /// semantics instead of the report-every-change contract. A guest may
 /// change its tables without telling the host, and sees the change once
 /// it has flushed as hardware wants: [`LHCALL_INVLPG`] for one page,
-/// [`LHCALL_FLUSH_TLB`] (argument 1: 0 everything but global pages, as a
-/// CR3 reload; 1 everything, global pages included), and
-/// [`LHCALL_NEW_PGTABLE`], which drops every non-global mapping (another
-/// root's shadow is never kept). Upper-half pages whose guest entry has
+/// [`LHCALL_FLUSH_TLB`] (argument 1: 0 everything of the current PCID but
+/// global pages, as a CR3 reload; 1 everything, every PCID's and global
+/// pages included), and [`LHCALL_NEW_PGTABLE`], which drops every
+/// non-global mapping unless a PCID keeps them (see
+/// [`LGUEST_PGTABLE_PCID_MASK`]). Upper-half pages whose guest entry has
 /// the global bit (bit 8) are kept across root switches in a kernel-half
 /// shadow that every root shares, until a global flush or an
 /// [`LHCALL_INVLPG`] of that page.
@@ -583,9 +588,18 @@ pub const LGUEST_KERNEL_SS: u64 = 0x18;
 /// argument 2: `LGUEST_SHUTDOWN_*`.
 pub const LHCALL_SHUTDOWN: u64 = 2;
 /// Hypercall: switch to a new top-level page table (argument 1: its
-/// guest-physical address). The one hypercall allowed before
-/// [`LHCALL_LGUEST_INIT`].
+/// guest-physical address; argument 2, under [`LGUEST_INIT_TLB_SHADOWS`]
+/// only: a PCID in [`LGUEST_PGTABLE_PCID_MASK`] and
+/// [`LGUEST_PGTABLE_NOFLUSH`], as a CR3 value carries them). The one
+/// hypercall allowed before [`LHCALL_LGUEST_INIT`].
 pub const LHCALL_NEW_PGTABLE: u64 = 4;
+/// [`LHCALL_NEW_PGTABLE`] argument 2: the PCID (1-4095; 0 is untagged and
+/// always flushed). A tagged PCID's shadow is kept when another becomes
+/// current, as its TLB entries would be.
+pub const LGUEST_PGTABLE_PCID_MASK: u64 = 0xfff;
+/// [`LHCALL_NEW_PGTABLE`] argument 2: keep what the PCID has (CR3 bit 63):
+/// its shadow comes back if it was kept for the same root.
+pub const LGUEST_PGTABLE_NOFLUSH: u64 = 1 << 63;
 /// Hypercall: flush the TLB (argument: all roots or only the current one).
 pub const LHCALL_FLUSH_TLB: u64 = 5;
 /// Hypercall: set one entry of the guest's interrupt descriptor table.

@@ -80,6 +80,8 @@ fn rust_side() -> BTreeMap<&'static str, u64> {
         ("LGUEST_KERNEL_SS", abi::LGUEST_KERNEL_SS),
         ("LGUEST_INIT_LINUX_FRAMES", abi::LGUEST_INIT_LINUX_FRAMES),
         ("LGUEST_INIT_TLB_SHADOWS", abi::LGUEST_INIT_TLB_SHADOWS),
+        ("LGUEST_PGTABLE_PCID_MASK", abi::LGUEST_PGTABLE_PCID_MASK),
+        ("LGUEST_PGTABLE_NOFLUSH", abi::LGUEST_PGTABLE_NOFLUSH),
         ("LGUEST_SYSCALL_VECTOR", abi::LGUEST_SYSCALL_VECTOR as u64),
         ("LGUEST_SYSRET_VECTOR", abi::LGUEST_SYSRET_VECTOR as u64),
         ("LGUEST_SYSCALL_DIRECT", abi::LGUEST_SYSCALL_DIRECT),
@@ -188,6 +190,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
             stat_direct_syscalls,
             stat_direct_sysrets,
             stat_ibpbs,
+            stat_shadow_reuses,
             reserved,
             message
         ]
@@ -275,6 +278,7 @@ const STRUCTS: &[(&str, &[&str])] = &[
             "stat_direct_syscalls",
             "stat_direct_sysrets",
             "stat_ibpbs",
+            "stat_shadow_reuses",
             "reserved",
             "message",
         ],

@@ -300,6 +300,8 @@ pub struct RunStats {
     /// Indirect branch prediction barriers made for the guest
     /// ([`abi::LHCALL_IBPB`]).
     pub ibpbs: u64,
+    /// Root switches that found the next root's shadow kept.
+    pub shadow_reuses: u64,
 }
 
 /// A mapped run page ([`abi::LguestRun`]) of one vCPU; unmapped on drop.
@@ -387,6 +389,7 @@ impl RunPage {
                 direct_syscalls: ptr::read_volatile(&raw const (*p).stat_direct_syscalls),
                 direct_sysrets: ptr::read_volatile(&raw const (*p).stat_direct_sysrets),
                 ibpbs: ptr::read_volatile(&raw const (*p).stat_ibpbs),
+                shadow_reuses: ptr::read_volatile(&raw const (*p).stat_shadow_reuses),
             }
         }
     }
@@ -442,6 +445,7 @@ impl RunPage {
             ptr::write_volatile(&raw mut (*p).stat_direct_syscalls, stats.direct_syscalls);
             ptr::write_volatile(&raw mut (*p).stat_direct_sysrets, stats.direct_sysrets);
             ptr::write_volatile(&raw mut (*p).stat_ibpbs, stats.ibpbs);
+            ptr::write_volatile(&raw mut (*p).stat_shadow_reuses, stats.shadow_reuses);
         }
     }
 }
@@ -471,7 +475,8 @@ mod tests {
         exit.notify_arg = 7;
         exit.shutdown_reason = abi::LGUEST_SHUTDOWN_CRASH;
         exit.message[..5].copy_from_slice(b"oops\0");
-        let stats = RunStats { exits: 3, hypercalls: 2, direct_syscalls: 5, direct_sysrets: 4, ibpbs: 6 };
+        let stats =
+            RunStats { exits: 3, hypercalls: 2, direct_syscalls: 5, direct_sysrets: 4, ibpbs: 6, shadow_reuses: 8 };
         page.fake_exit(&exit, stats);
         assert_eq!(page.exit(), exit);
         assert_eq!(page.stats(), stats);

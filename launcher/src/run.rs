@@ -557,12 +557,13 @@ fn report(format: StatsFormat, page: &RunPage, bus: &Bus<'_>) -> String {
     let run = page.stats();
     match format {
         StatsFormat::Text => format!(
-            "vm: {} exits, {} hypercalls, {} direct syscalls, {} direct sysrets, {} IBPBs, {} device interrupts, {} stray notifications ({} warnings suppressed)\n{}",
+            "vm: {} exits, {} hypercalls, {} direct syscalls, {} direct sysrets, {} IBPBs, {} shadow reuses, {} device interrupts, {} stray notifications ({} warnings suppressed)\n{}",
             run.exits,
             run.hypercalls,
             run.direct_syscalls,
             run.direct_sysrets,
             run.ibpbs,
+            run.shadow_reuses,
             bus.interrupts(),
             exit::STRAY_NOTIFY.count(),
             exit::STRAY_NOTIFY.suppressed(),
@@ -576,6 +577,7 @@ fn report(format: StatsFormat, page: &RunPage, bus: &Bus<'_>) -> String {
                     "direct_syscalls": run.direct_syscalls,
                     "direct_sysrets": run.direct_sysrets,
                     "ibpbs": run.ibpbs,
+                    "shadow_reuses": run.shadow_reuses,
                     "device_interrupts": bus.interrupts(),
                     "stray_notifications": exit::STRAY_NOTIFY.count(),
                     "stray_notifications_suppressed": exit::STRAY_NOTIFY.suppressed(),
@@ -736,6 +738,7 @@ mod tests {
         assert_eq!(v["vm"]["direct_syscalls"], 0);
         assert_eq!(v["vm"]["direct_sysrets"], 0);
         assert_eq!(v["vm"]["ibpbs"], 0);
+        assert_eq!(v["vm"]["shadow_reuses"], 0);
         assert_eq!(v["vm"]["device_interrupts"], 0);
         // A global count (other tests may add to it): present and a number.
         assert!(v["vm"]["stray_notifications"].as_u64() >= v["vm"]["stray_notifications_suppressed"].as_u64());
@@ -748,7 +751,7 @@ mod tests {
         let text = report(StatsFormat::Text, &page, &bus);
         assert!(
             text.starts_with(
-                "vm: 0 exits, 0 hypercalls, 0 direct syscalls, 0 direct sysrets, 0 IBPBs, 0 device interrupts, "
+                "vm: 0 exits, 0 hypercalls, 0 direct syscalls, 0 direct sysrets, 0 IBPBs, 0 shadow reuses, 0 device interrupts, "
             ) && text.lines().next().is_some_and(|l| l.contains(" stray notifications ("))
                 && text.contains("rng (irq 1)")
                 && text

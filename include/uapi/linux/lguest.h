@@ -69,7 +69,8 @@ struct lguest_run {
 	__u64 stat_direct_syscalls;	/* user syscalls switched to the kernel without an exit */
 	__u64 stat_direct_sysrets;	/* LGUEST_SYSRET_VECTOR returns without an exit */
 	__u64 stat_ibpbs;		/* barriers made for LHCALL_IBPB */
-	__u64 reserved[4];
+	__u64 stat_shadow_reuses;	/* root switches that kept the next root's shadow */
+	__u64 reserved[3];
 	__u8 message[LGUEST_MESSAGE_LEN];	/* NUL-terminated */
 };
 
@@ -154,6 +155,9 @@ struct lguest_cpuid {
 #define LHCALL_LGUEST_INIT	1
 #define LHCALL_SHUTDOWN		2
 #define LHCALL_NEW_PGTABLE	4
+/* LHCALL_NEW_PGTABLE argument 2 under LGUEST_INIT_TLB_SHADOWS: CR3's tag */
+#define LGUEST_PGTABLE_PCID_MASK	0xfffULL	/* 0: untagged, always flushed */
+#define LGUEST_PGTABLE_NOFLUSH		(1ULL << 63)	/* keep the PCID's shadow */
 #define LHCALL_FLUSH_TLB	5
 #define LHCALL_LOAD_IDT_ENTRY	6
 #define LHCALL_SET_STACK	7

@@ -173,6 +173,22 @@ pub fn open_pty() -> std::io::Result<(File, String)> {
     }
     // SAFETY: ptsname_r wrote a NUL-terminated string into `name`.
     let path = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
+    // Raw from the start, as QEMU makes its pty: with the line
+    // discipline's echo on, what the guest writes before a terminal
+    // program opens the slave would come back to the guest as input.
+    // SAFETY: an all-zero termios is a valid value for tcgetattr to fill.
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: tcgetattr, cfmakeraw and tcsetattr take the live descriptor
+    // and a termios this frame owns.
+    let ok = unsafe {
+        libc::tcgetattr(fd, &mut t) == 0 && {
+            libc::cfmakeraw(&mut t);
+            libc::tcsetattr(fd, libc::TCSANOW, &t) == 0
+        }
+    };
+    if !ok {
+        return Err(std::io::Error::last_os_error());
+    }
     Ok((master, path))
 }
 
@@ -451,5 +467,26 @@ impl Drop for Console {
                 Err(e) => e.into_inner().0,
             };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    /// The new pty is raw before anyone opens its slave: no echo (which
+    /// would send the guest's output back to it as input), no line
+    /// editing, no output processing.
+    #[test]
+    fn pty_starts_raw() {
+        let (_master, path) = open_pty().expect("open_pty");
+        let slave = std::fs::OpenOptions::new().read(true).write(true).open(&path).expect("open slave");
+        // SAFETY: an all-zero termios is a valid value for tcgetattr to fill.
+        let mut t: libc::termios = unsafe { std::mem::zeroed() };
+        // SAFETY: tcgetattr takes the live descriptor and a termios we own.
+        assert_eq!(unsafe { libc::tcgetattr(slave.as_raw_fd(), &mut t) }, 0);
+        assert_eq!(t.c_lflag & (libc::ECHO | libc::ICANON | libc::ISIG), 0, "lflag {:#x}", t.c_lflag);
+        assert_eq!(t.c_oflag & libc::OPOST, 0, "oflag {:#x}", t.c_oflag);
     }
 }

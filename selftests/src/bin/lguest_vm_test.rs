@@ -2190,6 +2190,130 @@ fn tlb_shadows() -> TestResult {
     Ok(())
 }
 
+// A guest for the PCID test, on the same tables: it tags its root switches
+// with PCIDs (A is PCID 1, B PCID 2), changes A's mapping of 0x200000
+// without telling the host, and reports what it reads around switches
+// with and without LGUEST_PGTABLE_NOFLUSH and both kinds of FLUSH_TLB;
+// last, a NEW_PGTABLE with a bit beyond the PCID and the flag.
+core::arch::global_asm!(
+    ".pushsection .rodata.lguest_guest_pcid, \"a\"",
+    ".globl lguest_guest_pcid_start",
+    ".globl lguest_guest_pcid_end",
+    "lguest_guest_pcid_start:",
+    "mov esp, 0x1f0000",
+    "mov eax, 1",
+    "mov edi, 0x180000",
+    "mov esi, 2",
+    "int 0x1f",
+    // A, PCID 1: A's page.
+    "mov edi, 0x1d0000",
+    "mov esi, 1",
+    "call 8f",
+    // B, PCID 2: B's page.
+    "mov edi, 0x1d8000",
+    "mov esi, 2",
+    "call 8f",
+    // A changed, not reported; back to A with NOFLUSH: its kept shadow.
+    "mov qword ptr [0x1d4000], 0x1c3003",
+    "mov edi, 0x1d0000",
+    "movabs rsi, 0x8000000000000001",
+    "call 8f",
+    // B with NOFLUSH (kept), A without: A fresh.
+    "mov edi, 0x1d8000",
+    "movabs rsi, 0x8000000000000002",
+    "mov eax, 4",
+    "int 0x1f",
+    "mov edi, 0x1d0000",
+    "mov esi, 1",
+    "call 8f",
+    // A changed back; A again with NOFLUSH: the same PCID keeps it.
+    "mov qword ptr [0x1d4000], 0x1c1003",
+    "mov edi, 0x1d0000",
+    "movabs rsi, 0x8000000000000001",
+    "call 8f",
+    // FLUSH_TLB(0): the current PCID's go.
+    "mov eax, 5",
+    "xor edi, edi",
+    "int 0x1f",
+    "mov rsi, qword ptr [0x200000]",
+    "call 9f",
+    // A changed; B with NOFLUSH (kept); FLUSH_TLB(1); A with NOFLUSH:
+    // a global flush dropped every PCID's.
+    "mov qword ptr [0x1d4000], 0x1c4003",
+    "mov edi, 0x1d8000",
+    "movabs rsi, 0x8000000000000002",
+    "call 8f",
+    "mov eax, 5",
+    "mov edi, 1",
+    "int 0x1f",
+    "mov edi, 0x1d0000",
+    "movabs rsi, 0x8000000000000001",
+    "call 8f",
+    // A tag with bit 12 set: killed.
+    "mov edi, 0x1d0000",
+    "mov esi, 0x1001",
+    "mov eax, 4",
+    "int 0x1f",
+    "7: jmp 7b",
+    // NEW_PGTABLE(edi, rsi), then NOTIFY what 0x200000 holds.
+    "8: mov eax, 4",
+    "int 0x1f",
+    "mov rsi, qword ptr [0x200000]",
+    "9: mov eax, 17",
+    "mov edi, 0x181000",
+    "int 0x1f",
+    "ret",
+    "lguest_guest_pcid_end:",
+    ".popsection",
+);
+
+extern "C" {
+    static lguest_guest_pcid_start: u8;
+    static lguest_guest_pcid_end: u8;
+}
+
+/// PCIDs under TLB semantics (`LHCALL_NEW_PGTABLE`'s tag), against the
+/// model of a TLB with PCIDs: a switch back to a PCID with NOFLUSH finds
+/// its translations (stale ones too), without it or after `FLUSH_TLB(1)`
+/// they are gone, `FLUSH_TLB(0)` drops the current PCID's; the run page
+/// counts the reuses exactly; a tag with other bits kills the guest.
+fn tlb_pcids() -> TestResult {
+    // SAFETY: the symbols delimit the blob assembled above.
+    let code = unsafe { blob(std::ptr::addr_of!(lguest_guest_pcid_start), std::ptr::addr_of!(lguest_guest_pcid_end)) };
+    let vm = TestVm::new(&code)?;
+    write_tlb_tables(&vm.mem);
+    let mut notes = Vec::new();
+    let mut reuses = 0;
+    for _ in 0..20 {
+        check_eq!(vm.run(), Ok(0), "RUN");
+        match vm.exit_reason() {
+            abi::LGUEST_EXIT_NOTIFY => {
+                notes.push(vm.run_page().read::<u64>(16));
+                reuses = vm.run_page().read::<u64>(std::mem::offset_of!(abi::LguestRun, stat_shadow_reuses));
+            }
+            abi::LGUEST_EXIT_KILLED => break,
+            r => fail!("exit reason {r} ({}), notes {notes:?}", vm.message()),
+        }
+    }
+    println!("# reads: {notes:?}, {reuses} shadow reuses");
+    let want: &[u64] = &[
+        1, // A's page
+        2, // B's page
+        1, // A changed, back with NOFLUSH: kept, stale
+        3, // B kept, A without NOFLUSH: fresh
+        3, // A changed back, same PCID with NOFLUSH: kept, stale
+        1, // after FLUSH_TLB(0)
+        2, // B kept
+        4, // after FLUSH_TLB(1), A with NOFLUSH: fresh
+    ];
+    check_eq!(&notes[..], want, "what the guest read");
+    check_eq!(reuses, 4, "switches that found the PCID's shadow kept");
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_KILLED, "exit");
+    let msg = vm.message();
+    check!(msg.contains("NEW_PGTABLE: bad PCID and flags 0x1001"), "kill message {msg:?}");
+    Ok(())
+}
+
 /// The start of `struct perf_event_attr` (PERF_ATTR_SIZE_VER1), enough for
 /// a hardware breakpoint.
 #[repr(C)]
@@ -2720,6 +2844,7 @@ fn main() -> ExitCode {
         ("upper_half", upper_half),
         ("host_global_pages", host_global_pages),
         ("tlb_shadows", tlb_shadows),
+        ("tlb_pcids", tlb_pcids),
         ("mov_ss_and_tf", mov_ss_and_tf),
         ("second_thread_during_run", second_thread_during_run),
         ("fpu_state", fpu_state),

@@ -260,16 +260,18 @@ unsafe extern "C" fn lguest_cpuid(
 
 /// What the guest kernel must not see, beyond the launcher's filter: the
 /// features a ring-3 kernel cannot use (local APIC, MCE, MTRR, PAT, power
-/// and performance monitoring, PCID, the speculation-control MSRs,
-/// supervisor-only state), so that Linux never reaches for them.
+/// and performance monitoring, INVPCID, the speculation-control MSRs,
+/// supervisor-only state), so that Linux never reaches for them. PCID is
+/// always shown: the host implements it for the shadows, whatever the CPU
+/// has (`lguest_write_cr3`).
 fn mask_cpuid(leaf: u32, sub: u32, a: &mut u32, b: &mut u32, c: &mut u32, d: &mut u32) {
     let bits = |list: &[u32]| list.iter().fold(0u32, |m, &bit| m | 1 << bit);
     match leaf {
         1 => {
-            // MONITOR VMX SMX EST TM2 PDCM PCID DCA x2APIC TSC-deadline
-            *c &= !bits(&[3, 5, 6, 7, 8, 15, 17, 18, 21, 24]);
-            // the hypervisor bit
-            *c |= 1 << 31;
+            // MONITOR VMX SMX EST TM2 PDCM DCA x2APIC TSC-deadline
+            *c &= !bits(&[3, 5, 6, 7, 8, 15, 18, 21, 24]);
+            // PCID, the hypervisor bit
+            *c |= 1 << 17 | 1 << 31;
             // MCE APIC MTRR MCA PAT DS ACPI TM PBE
             *d &= !bits(&[7, 9, 12, 14, 16, 21, 22, 29, 31]);
         }
@@ -592,16 +594,25 @@ unsafe extern "C" fn lguest_halt() {
 /// The guest's CR3 as the kernel last wrote it.
 static CR3: Cell64 = Cell64::new(0);
 
-/// The address bits of CR3 (no PCIDs: the filtered CPUID hides them).
+/// The address bits of CR3.
 const CR3_ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
+/// CR3's PCID (with CR4.PCIDE) and its no-flush bit, which a read never
+/// returns. The host takes both as they are
+/// (`LGUEST_PGTABLE_PCID_MASK`, `LGUEST_PGTABLE_NOFLUSH`).
+const CR3_PCID_MASK: u64 = 0xfff;
+const CR3_NOFLUSH: u64 = 1 << 63;
 
 unsafe extern "C" fn lguest_read_cr3() -> c_ulong {
     CR3.get() as c_ulong
 }
 
+/// A CR3 write: the host keeps each PCID's shadow while another is current,
+/// and gives it back on a write with the no-flush bit, so that a context
+/// switch Linux's ASID bookkeeping says needs no flush refaults nothing.
 unsafe extern "C" fn lguest_write_cr3(value: c_ulong) {
-    CR3.set(value as u64);
-    hcall(lhcall::NEW_PGTABLE, value as u64 & CR3_ADDR_MASK, 0, 0);
+    let v = value as u64;
+    CR3.set(v & !CR3_NOFLUSH);
+    hcall(lhcall::NEW_PGTABLE, v & CR3_ADDR_MASK, v & (CR3_PCID_MASK | CR3_NOFLUSH), 0);
 }
 
 unsafe extern "C" fn lguest_write_cr2(value: c_ulong) {
