@@ -142,7 +142,12 @@ mod tests {
         let (master, path) = crate::virtio::console::open_pty().expect("pty");
         let slave = std::fs::OpenOptions::new().read(true).write(true).open(&path).expect("slave");
         let fd = slave.as_raw_fd();
-        assert!(canonical(fd), "a new pty is cooked");
+        // The launcher's pty starts raw (console::open_pty): cook it, as a
+        // user's terminal is.
+        let mut t = tcgetattr(fd).expect("tcgetattr");
+        t.c_lflag |= libc::ICANON | libc::ECHO | libc::ISIG;
+        tcsetattr(fd, &t).expect("tcsetattr");
+        assert!(canonical(fd), "the pty is cooked");
         let guard = RawTerminal::enter_fd(fd).expect("enter").expect("a terminal");
         assert!(!canonical(fd), "raw");
         cook_for_stop();
