@@ -1690,10 +1690,17 @@ fn debian_lines(o: &Outcome) -> Vec<String> {
         .collect()
 }
 
+/// A Python program for [`linux_debian`]: one epoll set with a timerfd
+/// (20 ms, one shot), an eventfd (3 written) and a signalfd (SIGUSR1, sent
+/// to itself, blocked), each read once it is ready: `fds timer 1 event 3
+/// signal 10`. Through ctypes where Python 3.11 has no wrapper.
+const FDS_PROGRAM: &str = "import ctypes, os, select, signal, struct\nlibc = ctypes.CDLL(None, use_errno=True)\n# timerfd: CLOCK_MONOTONIC, 20 ms one-shot\ntfd = libc.timerfd_create(1, 0o2000000 | 0o4000)\nspec = struct.pack(\"qqqq\", 0, 0, 0, 20_000_000)\nassert libc.timerfd_settime(tfd, 0, spec, None) == 0\nefd = os.eventfd(0, os.EFD_NONBLOCK)\nsignal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])\nmask = (ctypes.c_ulong * 16)(1 << (signal.SIGUSR1 - 1))\nsfd = libc.signalfd(-1, mask, 0o4000 | 0o2000000)\nep = select.epoll()\nfor fd in (tfd, efd, sfd):\n    ep.register(fd, select.EPOLLIN)\nos.eventfd_write(efd, 3)\nos.kill(os.getpid(), signal.SIGUSR1)\nseen = {}\nwhile len(seen) < 3:\n    for fd, ev in ep.poll(5):\n        if fd == tfd:\n            seen[\"timer\"] = struct.unpack(\"Q\", os.read(tfd, 8))[0]\n        elif fd == efd:\n            seen[\"event\"] = os.eventfd_read(efd)\n        elif fd == sfd:\n            seen[\"signal\"] = struct.unpack(\"I\", os.read(sfd, 128)[:4])[0]\nprint(\"lgdeb: fds\", \"timer\", seen[\"timer\"], \"event\", seen[\"event\"], \"signal\", seen[\"signal\"])\n";
+
 /// A Debian 12 userspace on the Linux guest (issue 36): systemd brings the
 /// system up with no failed unit (`systemctl is-system-running` says
 /// `running`), root logs in on the virtio console's getty, python3
-/// computes, the namespaces (`unshare --user --pid --mount --net --fork`)
+/// computes, a program waits on epoll for a timerfd, an eventfd and a
+/// signalfd, the namespaces (`unshare --user --pid --mount --net --fork`)
 /// and a cgroup v2 memory limit work (the allocation past it is killed by
 /// the OOM killer inside the cgroup; the guest lives on), a seccomp filter
 /// (`systemd-run -p SystemCallFilter=~uname`) kills the process that calls
@@ -1712,12 +1719,14 @@ fn linux_debian() -> TestResult {
             "mkdir /sys/fs/cgroup/lgdeb && echo 32M >/sys/fs/cgroup/lgdeb/memory.max; ",
             "sh -c 'echo $$ >/sys/fs/cgroup/lgdeb/cgroup.procs && exec python3 -c \"b = bytearray(256 << 20)\"'; ",
             "echo lgdeb: oom $? $(grep -o 'oom_kill [0-9]*' /sys/fs/cgroup/lgdeb/memory.events)\n",
+            "python3 - <<'LGDEB'\n{fds}LGDEB\n",
             "echo lgdeb: seccomp $(systemd-run --wait -p SystemCallFilter=~uname uname 2>&1 | grep -o 'status=[0-9A-Z]*')\n",
             "dmesg | grep -E 'WARNING|BUG|Oops' | sed 's/^/lgdeb: dmesg /'\n",
             "echo {mark} >/root/lgdeb-mark && sync && echo lgdeb: written\n",
             "reboot\n"
         ),
-        mark = mark
+        mark = mark,
+        fds = FDS_PROGRAM
     );
     let o = debian_boot(&script)?;
     check_eq!(o.code, 0, format!("reboot: exit status ({})", describe(&o)));
@@ -1733,6 +1742,7 @@ fn linux_debian() -> TestResult {
         "unshare: pid 1, uid 0, only lo and sit0 in the new namespaces: {lines:?}"
     );
     check!(lines.iter().any(|l| l == "oom 137 oom_kill 1"), "the cgroup's memory limit: {lines:?}");
+    check!(lines.iter().any(|l| l == "fds timer 1 event 3 signal 10"), "epoll, timerfd, eventfd, signalfd: {lines:?}");
     check!(lines.iter().any(|l| l == "seccomp status=SYS"), "the seccomp filter did not kill uname: {lines:?}");
     let dmesg: Vec<&String> = lines.iter().filter(|l| l.starts_with("dmesg ")).collect();
     check!(dmesg.is_empty(), "the guest's dmesg: {dmesg:?}");
