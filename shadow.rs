@@ -402,11 +402,14 @@ impl Shadows {
             return Ok(false);
         };
         if global || t.overflow {
+            // Both allocated before anything changes, so that a failure
+            // leaves every pair linked to a live tree.
             let fresh = SharedUpper::new()?;
+            let pair = ShadowPair::new()?;
             let old = core::mem::replace(t, fresh);
             // The pairs go first: their top-level entries point into `old`.
             self.roots.clear();
-            self.current = ShadowPair::new()?;
+            self.current = pair;
             drop(old);
             return Ok(true);
         }
