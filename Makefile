@@ -80,9 +80,10 @@ bench:
 peers:
 	bash $(S)/peers.sh bench
 
-run: build
-	@echo "[run] booting the QEMU host; Ctrl-A X leaves QEMU"
-	KARGS="$${KARGS:-} lgtest.demo=$${DEMO:-linux}" bash $(S)/qemu.sh run "$${CPU:-max}"
+# DEMO=debian (the default once make rootfs has built the image),
+# busybox (the default before) or rust: scripts/run.sh.
+run:
+	bash $(S)/run.sh
 
 shell: build
 	@echo "[shell] booting the QEMU host; 'poweroff -f' or Ctrl-A X leaves"

@@ -4,7 +4,9 @@
 # Builds (once) and caches the Debian root filesystem for the Linux guest;
 # prints the image's path.
 #
-#   scripts/rootfs.sh   ->  $CACHE/rootfs/<suite>-<key>/debian.ext4
+#   scripts/rootfs.sh           ->  $CACHE/rootfs/<suite>-<key>/debian.ext4
+#   scripts/rootfs.sh --built   the same path if that image is built
+#                               already (status 1, no output, if not)
 #
 # mmdebstrap makes the tree from the Debian archive (--mode=unshare: no
 # root needed where unprivileged user namespaces and subuids exist; as
@@ -32,6 +34,7 @@ if [ -f "$DIR/.lguest-built" ]; then
 	echo "$IMG"
 	exit 0
 fi
+[ "${1:-}" = --built ] && exit 1
 command -v mmdebstrap >/dev/null || fail "mmdebstrap is missing: apt-get install mmdebstrap (scripts/setup.sh installs it)"
 command -v mke2fs >/dev/null || fail "mke2fs is missing: apt-get install e2fsprogs"
 # A clear error where the archive cannot be reached, before anything else.

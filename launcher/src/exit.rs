@@ -40,6 +40,8 @@ pub const EXIT_CRASH: u8 = 10;
 pub const EXIT_KILLED: u8 = 11;
 /// Exit status: the guest halted with nothing to wake it.
 pub const EXIT_HALT: u8 = 12;
+/// Exit status: the user stopped the guest with the console's escape key.
+pub const EXIT_ESCAPE: u8 = 13;
 /// Exit status base for a fatal signal N: 128 + N, as shells report it.
 pub const EXIT_SIGNAL_BASE: u8 = 128;
 
@@ -52,6 +54,7 @@ Exit status:
     10       the guest crashed (it reported a panic, or shut down for an unknown reason)
     11       the host killed the guest (a fault it had no handler for, a bad hypercall)
     12       the guest halted with interrupts off and nothing to wake it
+    13       the user stopped the guest with the console's escape key (Ctrl-] x)
     128+N    the launcher ended on fatal signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP,
              131 SIGQUIT, 159 SIGSYS from the seccomp filter)";
 
@@ -308,7 +311,7 @@ mod tests {
     /// or in the signal range, and the table in `--help` names each.
     #[test]
     fn exit_statuses_are_distinct_and_documented() {
-        let codes = [EXIT_OK, EXIT_LAUNCHER, EXIT_USAGE, EXIT_CRASH, EXIT_KILLED, EXIT_HALT];
+        let codes = [EXIT_OK, EXIT_LAUNCHER, EXIT_USAGE, EXIT_CRASH, EXIT_KILLED, EXIT_HALT, EXIT_ESCAPE];
         for (i, a) in codes.iter().enumerate() {
             assert!(codes[i + 1..].iter().all(|b| b != a), "status {a} used twice");
             assert!(*a < EXIT_SIGNAL_BASE);

@@ -92,6 +92,12 @@ enum Command {
         /// The same as --console off.
         #[arg(long)]
         no_console: bool,
+        /// The virtio console's escape key when stdin is a terminal: a
+        /// control character in caret form (^] is Ctrl-]), or none. The key
+        /// then x stops the guest (status 13), the key twice sends it, the
+        /// key then ? lists the commands.
+        #[arg(long, value_name = "^X|none", default_value = "^]", value_parser = virtio::console::parse_escape)]
+        escape: virtio::console::EscapeKey,
         /// The hypercall console (the guest's early output, LHCALL_NOTIFY):
         /// tty (the default: stdout), off (dropped), or file=PATH.
         #[arg(long, value_name = "off|tty|file=PATH", default_value = "tty", value_parser = parse_serial)]
@@ -209,6 +215,7 @@ fn main() -> ExitCode {
             irq_every,
             console,
             no_console,
+            escape,
             serial,
             no_rng,
             disk,
@@ -233,6 +240,7 @@ fn main() -> ExitCode {
             devices: run::DeviceOptions {
                 console: if *no_console { virtio::console::ConsoleMode::Off } else { console.clone() },
                 serial: serial.clone(),
+                escape: escape.0,
                 rng: !no_rng,
                 disks: disk.clone(),
                 nets: net.clone(),

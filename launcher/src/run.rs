@@ -21,7 +21,7 @@
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
@@ -101,6 +101,8 @@ pub struct DeviceOptions {
     pub console: ConsoleMode,
     /// The hypercall console (the guest's early output).
     pub serial: ConsoleMode,
+    /// The virtio console's escape key on a terminal (`--escape`).
+    pub escape: Option<u8>,
     /// A virtio entropy device.
     pub rng: bool,
     /// Block devices.
@@ -122,6 +124,13 @@ fn append(path: &std::path::Path) -> io::Result<File> {
     std::fs::OpenOptions::new().create(true).append(true).open(path)
 }
 
+/// How long the console's input waits after the driver is ready for the
+/// driver's first output (`Console::with_input_hold`): far longer than
+/// virtio_console takes from giving the receive queue buffers to listing
+/// its port, short enough that a guest that reads before it writes is not
+/// kept waiting.
+const INPUT_HOLD: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// The device models `opts` asks for, in bus order.
 fn models(opts: &DeviceOptions) -> Result<Vec<Box<dyn VirtioDevice>>> {
     let mut v: Vec<Box<dyn VirtioDevice>> = Vec::new();
@@ -129,10 +138,21 @@ fn models(opts: &DeviceOptions) -> Result<Vec<Box<dyn VirtioDevice>>> {
         ConsoleMode::Off => {}
         ConsoleMode::Tty => {
             let input = io::stdin().as_fd().try_clone_to_owned().map(File::from).context("duplicating stdin")?;
-            v.push(Box::new(
-                Console::with_writer_thread(Some(input), Box::new(io::stdout()))
-                    .context("starting the console's writer")?,
-            ));
+            let terminal = crate::virtio::term::is_terminal(input.as_raw_fd());
+            let mut c = Console::with_writer_thread(Some(input), Box::new(io::stdout()))
+                .context("starting the console's writer")?
+                .with_input_hold(INPUT_HOLD);
+            if terminal {
+                c = c.with_window_size().context("the console's SIGWINCH eventfd")?;
+                if let Some(key) = opts.escape {
+                    eprintln!(
+                        "lguest: the escape key is {k}: {k} x stops the guest, {k} ? shows the commands",
+                        k = crate::virtio::console::describe_key(key)
+                    );
+                    c = c.with_escape(key);
+                }
+            }
+            v.push(Box::new(c));
         }
         ConsoleMode::File(path) => {
             let out = append(path).with_context(|| format!("opening the console file {}", path.display()))?;
@@ -145,7 +165,9 @@ fn models(opts: &DeviceOptions) -> Result<Vec<Box<dyn VirtioDevice>>> {
             let out = master.try_clone().context("duplicating the pty")?;
             eprintln!("lguest: virtio console on {path}");
             v.push(Box::new(
-                Console::with_writer_thread(Some(master), Box::new(out)).context("starting the console's writer")?,
+                Console::with_writer_thread(Some(master), Box::new(out))
+                    .context("starting the console's writer")?
+                    .with_input_hold(INPUT_HOLD),
             ));
         }
     }
@@ -364,7 +386,12 @@ pub fn run(opts: &RunOptions) -> Result<u8> {
             page.set_immediate_exit(false);
             true
         };
-        let hooks = Hooks { stop_signal: &signals::stop_signal, fatal: &|| bus.fatal(), dump: &dump };
+        let hooks = Hooks {
+            stop_signal: &signals::stop_signal,
+            fatal: &|| bus.fatal(),
+            dump: &dump,
+            escaped: &signals::escaped,
+        };
         let r = run_loop(&vcpu, &mem, Some(&bus), &mut *stdout, &hooks);
         if faulting {
             if let Err(e) = cpuid::no_fault_on_this_thread() {
@@ -459,12 +486,14 @@ struct Hooks<'h> {
     /// SIGUSR1 asked for a statistics dump: print it, clear
     /// `immediate_exit`; true if one was asked for.
     dump: &'h dyn Fn() -> bool,
+    /// The user typed the console's escape key to stop.
+    escaped: &'h dyn Fn() -> bool,
 }
 
 impl Hooks<'static> {
     #[cfg(test)]
     fn none() -> Self {
-        Hooks { stop_signal: &|| None, fatal: &|| None, dump: &|| false }
+        Hooks { stop_signal: &|| None, fatal: &|| None, dump: &|| false, escaped: &|| false }
     }
 }
 
@@ -486,6 +515,10 @@ fn run_loop(
     loop {
         if let Some(why) = (hooks.fatal)() {
             bail!("{why}");
+        }
+        if (hooks.escaped)() {
+            eprintln!("lguest: stopped by the console's escape key");
+            return Ok(exit::EXIT_ESCAPE);
         }
         // After a dump, a stopping signal may have come too: look.
         if (hooks.dump)() {

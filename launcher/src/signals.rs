@@ -39,11 +39,26 @@ use std::time::{Duration, Instant};
 use crate::dev::RunPage;
 use crate::exit::EXIT_SIGNAL_BASE;
 
-/// Every signal the handler takes: the stopping ones, SIGTSTP, and SIGUSR2,
+/// Every signal the handler takes: the stopping ones, SIGTSTP, SIGUSR2,
 /// with which a device thread kicks the vCPU thread out of RUN
-/// ([`kick_vcpu`]).
-const SIGNALS: [libc::c_int; 7] =
-    [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGTSTP, libc::SIGUSR2, libc::SIGUSR1];
+/// ([`kick_vcpu`]), SIGUSR1 (a statistics dump) and SIGWINCH (the
+/// terminal's new size, for the console: [`set_winch_fd`]).
+const SIGNALS: [libc::c_int; 8] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGTSTP,
+    libc::SIGUSR2,
+    libc::SIGUSR1,
+    libc::SIGWINCH,
+];
+
+/// The eventfd SIGWINCH's handler writes to (the console's), or -1.
+static WINCH_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// Set by [`escape`]: the user typed the console's escape key to stop.
+static ESCAPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Set by SIGUSR1: print the statistics ([`take_dump_request`]).
 static DUMP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -111,6 +126,17 @@ extern "C" fn on_signal(signal: libc::c_int) {
         // Only to make RUN return EINTR; kick_vcpu set immediate_exit.
         return;
     }
+    if signal == libc::SIGWINCH {
+        let fd = WINCH_FD.load(Ordering::SeqCst);
+        if fd >= 0 {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: write(2) is async-signal-safe; it reads the 8 live
+            // bytes of `one`. The eventfd is non-blocking and its counter
+            // far from overflow, so nothing is lost that matters.
+            unsafe { libc::write(fd, one.as_ptr().cast(), one.len()) };
+        }
+        return;
+    }
     if signal == libc::SIGUSR1 {
         // A statistics dump: RUN must come back (it returns EINTR when the
         // signal came during it; immediate_exit catches one just before),
@@ -169,6 +195,25 @@ pub fn kick_vcpu() {
         // handler that does nothing.
         unsafe { libc::pthread_kill(thread, KICK) };
     }
+}
+
+/// Makes SIGWINCH write to eventfd `fd` (-1: to nothing). The owner keeps
+/// `fd` open until it sets -1 again.
+pub fn set_winch_fd(fd: libc::c_int) {
+    WINCH_FD.store(fd, Ordering::SeqCst);
+}
+
+/// The console's escape key asked to stop the guest: notes it and brings
+/// the vCPU thread back from RUN ([`kick_vcpu`]); the run loop then ends
+/// with [`crate::exit::EXIT_ESCAPE`].
+pub fn escape() {
+    ESCAPED.store(true, Ordering::SeqCst);
+    kick_vcpu();
+}
+
+/// Whether [`escape`] was called.
+pub fn escaped() -> bool {
+    ESCAPED.load(Ordering::SeqCst)
 }
 
 /// Whether SIGUSR1 asked for a statistics dump since the last call; the

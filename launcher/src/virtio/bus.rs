@@ -145,6 +145,8 @@ const OFF_STATUS: usize = offset_of!(LguestDeviceDesc, status);
 const OFF_DRIVER_FEATURES: usize = offset_of!(LguestDeviceDesc, driver_features);
 const OFF_ISR: usize = offset_of!(LguestDeviceDesc, isr);
 const OFF_QUEUES: usize = offset_of!(LguestDeviceDesc, queues);
+const OFF_GENERATION: usize = offset_of!(LguestDeviceDesc, config_generation);
+const OFF_CONFIG: usize = offset_of!(LguestDeviceDesc, config);
 const VQ_SIZE: usize = std::mem::size_of::<LguestVqConfig>();
 
 /// The bus: the device table and its devices.
@@ -591,7 +593,32 @@ impl<'a> Bus<'a> {
         };
         if let Err(e) = result {
             self.device_error(dev, &mut inner, &e);
+            return;
         }
+        if let Some(config) = inner.model.config_update() {
+            self.change_config(dev, &config);
+        }
+    }
+
+    /// Writes a running device's new configuration space (at most as long
+    /// as its first, whose length the descriptor keeps) with
+    /// `config_generation` bumped before and after, so that a driver
+    /// reading across the change sees two generations and reads again,
+    /// and raises a configuration interrupt.
+    fn change_config(&self, dev: &Device<'_>, config: &[u8]) {
+        let base = self.desc_addr(dev);
+        let mut len = [0u8; 4];
+        if self.mem.read(base + offset_of!(LguestDeviceDesc, config_len) as u64, &mut len).is_err() {
+            return;
+        }
+        // CAST: a u32 fits usize; at most LGUEST_BUS_CONFIG_SIZE when written.
+        let n = config.len().min(u32::from_le_bytes(len) as usize).min(LGUEST_BUS_CONFIG_SIZE);
+        self.with_atomic(dev, OFF_GENERATION, |g| g.fetch_add(1, Ordering::SeqCst));
+        if let Err(e) = self.mem.write(base + OFF_CONFIG as u64, &config[..n]) {
+            log::warn!("{}: writing its configuration: {e}", dev.name);
+        }
+        self.with_atomic(dev, OFF_GENERATION, |g| g.fetch_add(1, Ordering::SeqCst));
+        self.raise(dev, LGUEST_ISR_CONFIG);
     }
 
     /// The thread of device `index`: sleeps until a kick, a host fd, a

@@ -6,7 +6,20 @@
 //! Input is read from the host fd (stdin) only while the driver has posted
 //! receive buffers: with none, the fd is not polled until the driver kicks
 //! queue 0, so a guest that never reads its console never takes the
-//! launcher's stdin away from anyone.
+//! launcher's stdin away from anyone. With [`Console::with_input_hold`]
+//! (the launcher's), what is typed before the guest's console is up is
+//! kept for it: input waits after DRIVER_OK until the driver has sent
+//! output once, or until the hold's time has passed. Linux's
+//! virtio_console gives the receive queue its buffers before it lists the
+//! port, and drops what arrives for a port it cannot find; its first
+//! output comes through the listed port.
+//!
+//! On a terminal the console offers `VIRTIO_CONSOLE_F_SIZE`
+//! ([`Console::with_window_size`]): the window's columns and rows in the
+//! configuration space, updated on SIGWINCH with a configuration interrupt
+//! (the guest's tty gets the size and its foreground processes SIGWINCH).
+//! And it watches for the escape key ([`Escape`]: `Ctrl-]` then `x`
+//! stops the guest, as a wedged guest otherwise keeps the terminal raw).
 //!
 //! Output goes either straight to a writer ([`Console::new`], for tests
 //! and files) or, for the launcher's stdout, to a bounded queue that a
@@ -23,7 +36,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -32,6 +45,9 @@ use super::{DeviceError, Events, Queues, VirtioDevice, VIRTIO_ID_CONSOLE};
 /// Queue numbers.
 const RX: usize = 0;
 const TX: usize = 1;
+
+/// `VIRTIO_CONSOLE_F_SIZE`: the configuration space has the window size.
+pub const VIRTIO_CONSOLE_F_SIZE: u64 = 1 << 0;
 
 /// The most bytes read from the host per receive buffer.
 const INPUT_CHUNK: usize = 4096;
@@ -192,6 +208,124 @@ pub fn open_pty() -> std::io::Result<(File, String)> {
     Ok((master, path))
 }
 
+/// What the escape key asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EscapeAction {
+    /// Stop the guest (`x` or `.` after the key).
+    Stop,
+    /// Show the commands (`?` or `h`).
+    Help,
+}
+
+/// The console's escape key, as `virsh console` and ssh have one: the key
+/// (`Ctrl-]` by default) is held back and the next byte says what to do:
+/// `x` or `.` stops the guest, `?` or `h` shows the commands, the key
+/// again sends the key itself, anything else sends both bytes.
+#[derive(Clone, Debug)]
+pub struct Escape {
+    key: u8,
+    /// The key came last; the next byte is a command.
+    armed: bool,
+}
+
+impl Escape {
+    /// Watches for `key` (a control character).
+    pub fn new(key: u8) -> Self {
+        Self { key, armed: false }
+    }
+
+    /// The help text, for a raw terminal.
+    pub fn help(&self) -> String {
+        let k = describe_key(self.key);
+        format!("\r\nlguest: {k} x  stop the guest\r\nlguest: {k} {k}  send {k}\r\nlguest: {k} ?  this help\r\n")
+    }
+
+    /// Passes `input` on to `out` without the escape sequences in it; what
+    /// the last of them asked for, if anything. Nothing after a stop is
+    /// passed on.
+    pub fn filter(&mut self, input: &[u8], out: &mut Vec<u8>) -> Option<EscapeAction> {
+        let mut action = None;
+        for &b in input {
+            if !self.armed {
+                if b == self.key {
+                    self.armed = true;
+                } else {
+                    out.push(b);
+                }
+                continue;
+            }
+            self.armed = false;
+            match b {
+                b'x' | b'X' | b'.' => return Some(EscapeAction::Stop),
+                b'?' | b'h' | b'H' => action = Some(EscapeAction::Help),
+                _ if b == self.key => out.push(b),
+                _ => out.extend([self.key, b]),
+            }
+        }
+        action
+    }
+}
+
+/// `Ctrl-]` for 0x1d: the caret form of a control character.
+pub fn describe_key(key: u8) -> String {
+    match key {
+        0..=0x1f => format!("Ctrl-{}", char::from(key | 0x40)),
+        _ => format!("{:?}", char::from(key)),
+    }
+}
+
+/// `--escape`: the key, or none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EscapeKey(pub Option<u8>);
+
+/// Parses `--escape`: `^]`, `^A`..`^_` (a control character, in caret
+/// form) or `none`.
+pub fn parse_escape(s: &str) -> Result<EscapeKey, String> {
+    if s == "none" {
+        return Ok(EscapeKey(None));
+    }
+    match s.as_bytes() {
+        [b'^', c @ (b'@'..=b'_' | b'a'..=b'z')] => Ok(EscapeKey(Some(c.to_ascii_uppercase() & 0x1f))),
+        _ => Err(format!("{s:?}: expected a control character in caret form (^] or ^A to ^_) or none")),
+    }
+}
+
+/// The window size the guest's console has, from a terminal.
+struct WindowSize {
+    /// The terminal (the console's input).
+    fd: RawFd,
+    /// Written by SIGWINCH's handler (`signals::set_winch_fd`).
+    winch: EventFd,
+    /// Columns and rows last put in the configuration space.
+    cols: u16,
+    rows: u16,
+    /// They changed since the configuration was last written.
+    changed: bool,
+}
+
+impl WindowSize {
+    /// The configuration space: `struct virtio_console_config` (cols, rows,
+    /// then max_nr_ports and emerg_wr, unused without their features).
+    fn config(&self) -> Vec<u8> {
+        let mut c = vec![0u8; 12];
+        c[0..2].copy_from_slice(&self.cols.to_le_bytes());
+        c[2..4].copy_from_slice(&self.rows.to_le_bytes());
+        c
+    }
+
+    /// Reads the terminal's size again; whether it changed.
+    fn refresh(&mut self) -> bool {
+        match super::term::window_size(self.fd) {
+            Some((cols, rows)) if (cols, rows) != (self.cols, self.rows) => {
+                (self.cols, self.rows) = (cols, rows);
+                self.changed = true;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
 /// The console device.
 pub struct Console {
     input: Option<File>,
@@ -207,6 +341,14 @@ pub struct Console {
     eof: bool,
     /// Output failed once (reported once).
     output_broken: bool,
+    /// The window size, on a terminal.
+    size: Option<WindowSize>,
+    /// How long input waits after DRIVER_OK for the driver's first output.
+    hold: Option<Duration>,
+    /// Input waits until then, or until the driver sends output.
+    held_until: Option<Instant>,
+    /// The escape key, on a terminal.
+    escape: Option<Escape>,
 }
 
 impl std::fmt::Debug for Console {
@@ -226,6 +368,45 @@ impl Console {
             rx_wait: false,
             eof: false,
             output_broken: false,
+            size: None,
+            hold: None,
+            held_until: None,
+            escape: None,
+        }
+    }
+
+    /// Offers `VIRTIO_CONSOLE_F_SIZE` with the window size of the input,
+    /// if it is a terminal with a size, and follows it on SIGWINCH. Only one console
+    /// may have it (SIGWINCH's handler writes to one eventfd).
+    pub fn with_window_size(mut self) -> std::io::Result<Self> {
+        let Some(fd) = self.input.as_ref().map(AsRawFd::as_raw_fd) else { return Ok(self) };
+        // A serial line's terminal has no size (0 x 0): nothing to offer.
+        let Some((cols, rows)) = super::term::window_size(fd).filter(|&(c, r)| c > 0 && r > 0) else {
+            return Ok(self);
+        };
+        let winch = EventFd::new(EFD_NONBLOCK)?;
+        crate::signals::set_winch_fd(winch.as_raw_fd());
+        self.size = Some(WindowSize { fd, winch, cols, rows, changed: false });
+        Ok(self)
+    }
+
+    /// Holds input back after DRIVER_OK until the driver has sent output
+    /// once, for at most `hold` (see the module's documentation).
+    pub fn with_input_hold(mut self, hold: Duration) -> Self {
+        self.hold = Some(hold);
+        self
+    }
+
+    /// Watches the input for the escape key `key`.
+    pub fn with_escape(mut self, key: u8) -> Self {
+        self.escape = Some(Escape::new(key));
+        self
+    }
+
+    /// Ends the hold once its time has passed.
+    fn end_hold_if_due(&mut self) {
+        if self.held_until.is_some_and(|t| Instant::now() >= t) {
+            self.held_until = None;
         }
     }
 
@@ -287,6 +468,8 @@ impl Console {
                     break 'ring;
                 }
                 let Some(chain) = qs.pop(TX)? else { break };
+                // The guest's console is up: what was typed may go.
+                self.held_until = None;
                 if !chain.writable.is_empty() {
                     return Err(DeviceError::Request { queue: TX, why: "a device-writable buffer in output".into() });
                 }
@@ -370,7 +553,28 @@ impl Console {
             qs.unpop(RX);
             return Ok(());
         }
-        let written = chain.writer().write(qs.mem(), &buf[..n]);
+        let mut filtered = Vec::new();
+        let bytes = match self.escape.as_mut() {
+            Some(esc) => {
+                match esc.filter(&buf[..n], &mut filtered) {
+                    Some(EscapeAction::Stop) => {
+                        qs.unpop(RX);
+                        self.eof = true;
+                        crate::signals::escape();
+                        return Ok(());
+                    }
+                    Some(EscapeAction::Help) => eprint!("{}", esc.help()),
+                    None => {}
+                }
+                if filtered.is_empty() {
+                    qs.unpop(RX);
+                    return Ok(());
+                }
+                &filtered[..]
+            }
+            None => &buf[..n],
+        };
+        let written = chain.writer().write(qs.mem(), bytes);
         // CAST: at most INPUT_CHUNK.
         qs.add_used(RX, chain.head, written as u32)?;
         qs.stats().queues[RX].count(written as u64);
@@ -389,7 +593,11 @@ impl VirtioDevice for Console {
     }
 
     fn features(&self) -> u64 {
-        0
+        if self.size.is_some() {
+            VIRTIO_CONSOLE_F_SIZE
+        } else {
+            0
+        }
     }
 
     fn queue_max(&self) -> Vec<u16> {
@@ -397,37 +605,65 @@ impl VirtioDevice for Console {
     }
 
     fn config(&self) -> Vec<u8> {
-        Vec::new()
+        self.size.as_ref().map(WindowSize::config).unwrap_or_default()
+    }
+
+    fn activate(&mut self, _features: u64) -> Result<(), DeviceError> {
+        self.held_until = self.hold.map(|h| Instant::now() + h);
+        // A resize between the bus's set-up and now.
+        if let Some(size) = self.size.as_mut() {
+            size.refresh();
+        }
+        Ok(())
     }
 
     fn reset(&mut self) {
         self.rx_wait = false;
         self.tx_blocked = false;
+        self.held_until = None;
     }
 
-    /// Two entries at fixed places, -1 (which poll ignores) when not
-    /// wanted: the input, and the output queue's room while output is held
-    /// back.
+    /// Three entries at fixed places, -1 (which poll ignores) when not
+    /// wanted: the input, the output queue's room while output is held
+    /// back, and SIGWINCH's eventfd.
     fn input_fds(&self) -> Vec<RawFd> {
         let input = match &self.input {
-            Some(f) if !self.eof && !self.rx_wait => f.as_raw_fd(),
+            Some(f) if !self.eof && !self.rx_wait && self.held_until.is_none() => f.as_raw_fd(),
             _ => -1,
         };
         let room = match &self.output {
             Sink::Queued(q) if self.tx_blocked => q.room.as_raw_fd(),
             _ => -1,
         };
-        vec![input, room]
+        let winch = self.size.as_ref().map_or(-1, |s| s.winch.as_raw_fd());
+        vec![input, room, winch]
     }
 
     fn timeout(&self) -> Option<Duration> {
-        None
+        self.held_until.map(|t| t.saturating_duration_since(Instant::now()))
+    }
+
+    fn config_update(&mut self) -> Option<Vec<u8>> {
+        let size = self.size.as_mut()?;
+        if !std::mem::take(&mut size.changed) {
+            return None;
+        }
+        Some(size.config())
     }
 
     fn process(&mut self, qs: &mut Queues<'_>, events: &Events) -> Result<(), DeviceError> {
         if events.queue(RX) {
             self.rx_wait = false;
         }
+        if events.input & 4 != 0 {
+            if let Some(size) = self.size.as_mut() {
+                let _ = size.winch.read();
+                size.refresh();
+            }
+        }
+        // A hold whose time has passed ends; the input is polled again
+        // from the next round on.
+        self.end_hold_if_due();
         let room = events.input & 2 != 0;
         if room {
             if let Sink::Queued(q) = &self.output {
@@ -437,7 +673,7 @@ impl VirtioDevice for Console {
         if events.queue(TX) || (room && self.tx_blocked) {
             self.transmit(qs)?;
         }
-        if events.input & 1 != 0 && !self.eof && !self.rx_wait {
+        if events.input & 1 != 0 && !self.eof && !self.rx_wait && self.held_until.is_none() {
             self.receive(qs)?;
         }
         Ok(())
@@ -457,6 +693,9 @@ impl Drop for Console {
     /// unless the launcher is stopping on a signal (then the watchdog's
     /// bound applies, and the output is not worth a hang).
     fn drop(&mut self) {
+        if self.size.is_some() {
+            crate::signals::set_winch_fd(-1);
+        }
         let Sink::Queued(q) = &self.output else { return };
         let mut st = q.lock();
         st.closed = true;

@@ -203,6 +203,12 @@ pub trait VirtioDevice: Send {
     }
     /// Does the device's work after `events`.
     fn process(&mut self, queues: &mut Queues<'_>, events: &Events) -> Result<(), DeviceError>;
+    /// A new configuration space after `process` (the console's window
+    /// size): the bus writes it, bumps the generation and raises a
+    /// configuration interrupt.
+    fn config_update(&mut self) -> Option<Vec<u8>> {
+        None
+    }
     /// Device-specific `--stats` text.
     fn stats(&self, _stats: &DeviceStats) -> String {
         String::new()

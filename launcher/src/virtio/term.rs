@@ -46,6 +46,37 @@ fn tcsetattr(fd: libc::c_int, t: &libc::termios) -> io::Result<()> {
     Ok(())
 }
 
+/// The window size of terminal `fd` as (columns, rows), if it is a
+/// terminal that has one.
+pub fn window_size(fd: libc::c_int) -> Option<(u16, u16)> {
+    // SAFETY: winsize is a plain C struct for which all-zero bytes are valid.
+    let mut w: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ writes one winsize into the live, exclusively
+    // borrowed `w`; `fd` is only inspected.
+    if unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut w) } != 0 {
+        return None;
+    }
+    Some((w.ws_col, w.ws_row))
+}
+
+/// Sets terminal `fd`'s window size (tests stand in for a terminal
+/// emulator with it).
+#[cfg(test)]
+pub fn set_window_size(fd: libc::c_int, cols: u16, rows: u16) -> io::Result<()> {
+    let w = libc::winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+    // SAFETY: TIOCSWINSZ reads one winsize from the live `w`.
+    if unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, &w) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether `fd` is a terminal.
+pub fn is_terminal(fd: libc::c_int) -> bool {
+    // SAFETY: isatty only inspects the descriptor number.
+    unsafe { libc::isatty(fd) == 1 }
+}
+
 /// Puts the saved settings back, if any (idempotent).
 pub fn restore_now() {
     FOR_SIGNALS.store(std::ptr::null_mut(), std::sync::atomic::Ordering::SeqCst);

@@ -5,7 +5,7 @@
 use std::fs::File;
 use std::io::Write;
 use std::mem::offset_of;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -495,6 +495,128 @@ fn console_input_reaches_the_guest() {
     bus.service(0, Events { kicked: 1, input: 1, ..Events::default() });
     assert_eq!(rx.used_idx(&mem), 2);
     assert!(!needs_reset(&mem, 0));
+}
+
+/// With the launcher's input hold, what was typed before the guest's
+/// console was up waits: not polled nor read after DRIVER_OK, even with
+/// buffers posted, until the driver sends its first output; then it comes
+/// whole.
+#[test]
+fn console_input_waits_for_the_first_output() {
+    let mem = memory();
+    let (reader, mut writer) = std::io::pipe().expect("pipe");
+    let input = File::from(OwnedFd::from(reader));
+    writer.write_all(b"typed during boot\n").expect("write");
+    let console =
+        Console::new(Some(input), Box::new(Shared::default())).with_input_hold(std::time::Duration::from_secs(3600));
+    let (bus, _) = bus(&mem, vec![Box::new(console)]);
+    let rx = TestRing::new(&mem, RING0, 16);
+    let mut tx = TestRing::new(&mem, RING1, 16);
+    rx.configure(&mem, 0, 0);
+    tx.configure(&mem, 0, 1);
+    assert_eq!(testring::start(&mem, &bus, 0, FEATURES), OK);
+    let mut rx = rx;
+    rx.add_chain(&mem, &[(BUF, 64, true)]);
+    bus.service(0, Events { start: true, input: 1, ..Events::default() });
+    assert_eq!(rx.used_idx(&mem), 0, "input went before the driver's first output");
+    // The first output ends the hold.
+    mem.write(BUF + 0x200, b"login: ").expect("w");
+    tx.add_chain(&mem, &[(BUF + 0x200, 7, false)]);
+    bus.service(0, kick(1));
+    bus.service(0, Events { input: 1, ..Events::default() });
+    assert_eq!(rx.used_elem(&mem, 0), (0, 18));
+    assert_eq!(read(&mem, BUF, 18), b"typed during boot\n");
+}
+
+/// Without output the hold ends by itself: a guest that reads before it
+/// writes gets its input (here after 50 ms).
+#[test]
+fn console_input_hold_ends_by_itself() {
+    let mem = memory();
+    let (reader, mut writer) = std::io::pipe().expect("pipe");
+    let input = File::from(OwnedFd::from(reader));
+    writer.write_all(b"x").expect("write");
+    let console =
+        Console::new(Some(input), Box::new(Shared::default())).with_input_hold(std::time::Duration::from_millis(50));
+    let (bus, _) = bus(&mem, vec![Box::new(console)]);
+    let mut rx = TestRing::new(&mem, RING0, 16);
+    let tx = TestRing::new(&mem, RING1, 16);
+    rx.configure(&mem, 0, 0);
+    tx.configure(&mem, 0, 1);
+    assert_eq!(testring::start(&mem, &bus, 0, FEATURES), OK);
+    rx.add_chain(&mem, &[(BUF, 64, true)]);
+    bus.service(0, Events { start: true, input: 1, ..Events::default() });
+    assert_eq!(rx.used_idx(&mem), 0);
+    std::thread::sleep(std::time::Duration::from_millis(60));
+    bus.service(0, Events { timeout: true, ..Events::default() });
+    bus.service(0, Events { input: 1, ..Events::default() });
+    assert_eq!(rx.used_elem(&mem, 0), (0, 1));
+}
+
+/// On a terminal the console offers VIRTIO_CONSOLE_F_SIZE with the
+/// window's columns and rows; a resize (SIGWINCH's eventfd) writes the new
+/// size with the generation bumped twice and raises one configuration
+/// interrupt; no resize, no interrupt.
+#[test]
+fn console_window_size_follows_the_terminal() {
+    let (master, path) = console::open_pty().expect("pty");
+    let slave = std::fs::OpenOptions::new().read(true).write(true).open(&path).expect("slave");
+    crate::virtio::term::set_window_size(slave.as_raw_fd(), 132, 43).expect("size");
+    let console = Console::new(Some(slave.try_clone().expect("dup")), Box::new(Shared::default()))
+        .with_window_size()
+        .expect("window size");
+    assert_eq!(console.features(), console::VIRTIO_CONSOLE_F_SIZE);
+    let mem = memory();
+    let (bus, c) = bus(&mem, vec![Box::new(console)]);
+    let desc = LguestBus::new(MEM).desc_addr(0);
+    let cfg_at = desc + offset_of!(LguestDeviceDesc, config) as u64;
+    let gen_at = desc + offset_of!(LguestDeviceDesc, config_generation) as u64;
+    let le16 = |b: &[u8]| u16::from_le_bytes([b[0], b[1]]);
+    let cfg = read(&mem, cfg_at, 12);
+    assert_eq!((le16(&cfg[0..]), le16(&cfg[2..])), (132, 43), "cols, rows");
+    let rx = TestRing::new(&mem, RING0, 16);
+    let tx = TestRing::new(&mem, RING1, 16);
+    rx.configure(&mem, 0, 0);
+    tx.configure(&mem, 0, 1);
+    let with_size = FEATURES | console::VIRTIO_CONSOLE_F_SIZE;
+    assert_eq!(testring::start(&mem, &bus, 0, with_size), OK);
+    bus.service(0, Events { start: true, ..Events::default() });
+    assert_eq!(irqs(&c, 0), 0, "no change, no interrupt");
+    crate::virtio::term::set_window_size(slave.as_raw_fd(), 80, 24).expect("resize");
+    bus.service(0, Events { input: 4, ..Events::default() });
+    let cfg = read(&mem, cfg_at, 4);
+    assert_eq!((le16(&cfg[0..]), le16(&cfg[2..])), (80, 24));
+    assert_eq!(read(&mem, gen_at, 4), 2u32.to_le_bytes(), "the generation, bumped around the change");
+    assert_eq!(irqs(&c, 0), 1);
+    assert_eq!(testring::isr(&mem, 0), LGUEST_ISR_CONFIG);
+    bus.service(0, Events { input: 4, ..Events::default() });
+    assert_eq!(irqs(&c, 0), 1, "the same size again: no interrupt");
+    drop(master);
+}
+
+/// The escape key on the console's input: Ctrl-] x stops (the launcher
+/// gets signals::escape, the rest is dropped and the input is not read
+/// again); Ctrl-] Ctrl-] sends one Ctrl-]; Ctrl-] followed by another key
+/// sends both.
+#[test]
+fn console_escape_key() {
+    let mut e = console::Escape::new(0x1d);
+    let mut out = Vec::new();
+    assert_eq!(e.filter(b"ab\x1d\x1dc\x1dq", &mut out), None);
+    assert_eq!(out, b"ab\x1dc\x1dq");
+    out.clear();
+    // Split across reads.
+    assert_eq!(e.filter(b"z\x1d", &mut out), None);
+    assert_eq!(e.filter(b"?", &mut out), Some(console::EscapeAction::Help));
+    assert_eq!(e.filter(b"\x1d", &mut out), None);
+    assert_eq!(e.filter(b"xlost", &mut out), Some(console::EscapeAction::Stop));
+    assert_eq!(out, b"z");
+    assert_eq!(console::parse_escape("^]"), Ok(console::EscapeKey(Some(0x1d))));
+    assert_eq!(console::parse_escape("^a"), Ok(console::EscapeKey(Some(1))));
+    assert_eq!(console::parse_escape("none"), Ok(console::EscapeKey(None)));
+    assert!(console::parse_escape("]").is_err() && console::parse_escape("^1").is_err());
+    assert_eq!(console::describe_key(0x1d), "Ctrl-]");
+    assert!(e.help().contains("Ctrl-] x  stop the guest"));
 }
 
 /// A writer that blocks until `open` is set, then keeps what it gets.

@@ -1576,6 +1576,90 @@ fn linux_console_shell() -> TestResult {
     Ok(())
 }
 
+/// Opens a pseudo-terminal pair (master, slave), the slave raw, with the
+/// window size `cols` x `rows`.
+fn pty_pair(cols: u16, rows: u16) -> Result<(std::fs::File, std::fs::File), t::NotPassed> {
+    use std::os::fd::FromRawFd;
+    let (mut m, mut s) = (-1, -1);
+    let w = libc::winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+    // SAFETY: openpty writes two new descriptors into the live locals and
+    // reads the live winsize; no name buffer or termios is passed.
+    if unsafe { libc::openpty(&mut m, &mut s, std::ptr::null_mut(), std::ptr::null(), &w) } != 0 {
+        fail!("openpty: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are new and owned by nothing else.
+    let (master, slave) = unsafe { (std::fs::File::from_raw_fd(m), std::fs::File::from_raw_fd(s)) };
+    // SAFETY: an all-zero termios is valid for tcgetattr to fill; the calls
+    // take the live slave descriptor and the local termios.
+    unsafe {
+        let mut t: libc::termios = std::mem::zeroed();
+        libc::tcgetattr(s, &mut t);
+        libc::cfmakeraw(&mut t);
+        libc::tcsetattr(s, libc::TCSANOW, &t);
+    }
+    Ok((master, slave))
+}
+
+/// The virtio console on a terminal, as a person has it: the launcher's
+/// stdin is a pty (its controlling terminal, so that a resize sends it
+/// SIGWINCH). A line typed at once, while the guest boots, reaches the
+/// shell on hvc1 (the launcher holds input until the console is up: it
+/// would be lost in virtio_console's `add_port()` otherwise); `stty size`
+/// in the guest shows the terminal's rows and columns
+/// (`VIRTIO_CONSOLE_F_SIZE`) and, after a resize, the new ones (SIGWINCH,
+/// a configuration interrupt); `Ctrl-]` then `x` stops the guest with
+/// status 13 and the launcher's message.
+fn linux_console_terminal() -> TestResult {
+    use std::os::unix::process::CommandExt;
+    let (mut master, slave) = pty_pair(132, 43)?;
+    let out = std::env::temp_dir().join(format!("lguest-run-test-{}-terminal.out", std::process::id()));
+    let file = std::fs::File::create(&out).map_err(|e| t::NotPassed::Fail(format!("{}: {e}", out.display())))?;
+    let (k, initrd) = (guest("vmlinux"), guest("linux-initramfs.gz"));
+    let mut cmd = Command::new(launcher());
+    cmd.args(["run", "--memory", "128M", "--initrd", &initrd, &k, "--", "lginit=shell"])
+        .stdin(slave)
+        .stdout(file)
+        .stderr(Stdio::piped());
+    // SAFETY: between fork and exec, only async-signal-safe calls: a new
+    // session, and stdin (the pty's slave) as its controlling terminal.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().map_err(|e| t::NotPassed::Fail(format!("cannot start {}: {e}", launcher())))?;
+    let mut g = Guest { child, out };
+    let master_fd = std::os::fd::AsRawFd::as_raw_fd(&master);
+    let mut typed = |text: &[u8]| master.write_all(text).map_err(|e| t::NotPassed::Fail(format!("pty: {e}")));
+    typed(b"echo lgsh: early $((2+3))\n")?;
+    let shell = g.printed("interactive shell on hvc1", Duration::from_secs(300));
+    if shell {
+        typed(b"echo lgsh: size $(stty size)\n")?;
+    }
+    let sized = shell && g.printed("lgsh: size 43 132", Duration::from_secs(120));
+    if sized {
+        let w = libc::winsize { ws_row: 24, ws_col: 80, ws_xpixel: 0, ws_ypixel: 0 };
+        // SAFETY: TIOCSWINSZ reads the live winsize; the kernel sends
+        // SIGWINCH to the slave's foreground process group, the launcher.
+        unsafe { libc::ioctl(master_fd, libc::TIOCSWINSZ, &w) };
+        typed(b"while [ \"$(stty size)\" != '24 80' ]; do sleep 0.1; done; echo lgsh: resized $(stty size)\n")?;
+    }
+    let resized = sized && g.printed("lgsh: resized 24 80", Duration::from_secs(120));
+    if resized {
+        typed(b"\x1dx")?;
+    }
+    let o = wait(g, Duration::from_secs(120))?;
+    check!(o.stdout.contains("lgsh: early 5"), "the line typed during the boot was lost: {}", describe(&o));
+    check!(sized, "stty size in the guest is not the terminal's 43 132: {}", describe(&o));
+    check!(resized, "the guest did not follow the resize to 24 80: {}", describe(&o));
+    check_eq!(o.code, 13, format!("the escape key: exit status ({})", describe(&o)));
+    check!(o.stderr.contains("stopped by the console's escape key"), "no escape message: {}", describe(&o));
+    Ok(())
+}
+
 /// The Linux guest reaches user space (stage 3): its /init, busybox `sh`
 /// on `hvc0`, prints a marker and powers the guest off: exit status 0 and
 /// the launcher's poweroff message.
@@ -1669,13 +1753,50 @@ const DEBIAN_DISK: &str = "/dev/nvme0n1";
 /// logs in as root once the console's login prompt is out, as a person
 /// types, then types `script` at the shell's prompt; at most 900 s.
 fn debian_boot(script: &str) -> Result<Outcome, t::NotPassed> {
+    debian_boot_with(&[], &[], script)
+}
+
+/// [`debian_boot`] with more launcher options `opts` and kernel
+/// parameters `kargs`.
+fn debian_boot_with(opts: &[&str], kargs: &[&str], script: &str) -> Result<Outcome, t::NotPassed> {
     if !std::path::Path::new(DEBIAN_DISK).exists() {
         t::skip!("no Debian root filesystem attached ({DEBIAN_DISK}): `make rootfs` builds it, and the tests attach it when it is there");
     }
     let (k, disk) = (guest("vmlinux"), format!("path={DEBIAN_DISK}"));
-    let args = ["run", "--memory", "512M", "--disk", &disk, &k, "--", "root=/dev/vda", "rw"];
+    let mut args = vec!["run", "--memory", "512M", "--disk", &disk];
+    args.extend_from_slice(opts);
+    args.extend_from_slice(&[&k, "--", "root=/dev/vda", "rw"]);
+    args.extend_from_slice(kargs);
     let g = spawn_launcher_script(&args, &[("lguest-debian login: ", "root\n"), ("root@lguest-debian:~# ", script)])?;
     wait(g, Duration::from_secs(900))
+}
+
+/// The QEMU host's end of [`linux_debian`]'s network: the tap `lgtap0` in
+/// a namespace of the test's own, at this address.
+const DEBIAN_HOST_IP: &str = "10.0.3.1";
+/// The guest's static address, by `ip=` (systemd-network-generator writes
+/// it as a .network file for systemd-networkd).
+const DEBIAN_GUEST_IP: &str = "ip=10.0.3.2::10.0.3.1:255.255.255.0::eth0:off";
+/// The port of the host's TCP answerer.
+const DEBIAN_PORT: u16 = 7777;
+
+/// Answers one TCP connection on the host: reads a line, writes back
+/// `pong ` and that line. The thread's result: the line read.
+fn tcp_answer_once(addr: &str) -> Result<std::thread::JoinHandle<String>, t::NotPassed> {
+    let listener =
+        std::net::TcpListener::bind(addr).map_err(|e| t::NotPassed::Fail(format!("listening on {addr}: {e}")))?;
+    Ok(std::thread::spawn(move || {
+        let Ok((mut conn, _)) = listener.accept() else { return String::new() };
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(60)));
+        let mut line = Vec::new();
+        let mut b = [0u8; 1];
+        while line.len() < 256 && matches!(conn.read(&mut b), Ok(1)) && b[0] != b'\n' {
+            line.push(b[0]);
+        }
+        let line = String::from_utf8_lossy(&line).into_owned();
+        let _ = conn.write_all(format!("pong {line}\n").as_bytes());
+        line
+    }))
 }
 
 /// The lines the guest printed with `lgdeb: ` first (not the tty's echo
@@ -1705,7 +1826,9 @@ const FDS_PROGRAM: &str = "import ctypes, os, select, signal, struct\nlibc = cty
 /// the OOM killer inside the cgroup; the guest lives on), a seccomp filter
 /// (`systemd-run -p SystemCallFilter=~uname`) kills the process that calls
 /// the forbidden system call, dmesg has no WARNING, BUG or Oops, and a
-/// file written and synced is there after `reboot` (a second boot);
+/// file written and synced is there after `reboot` (a second boot, with
+/// a network card: systemd-networkd gives eth0 the static address of
+/// `ip=`, and a TCP connection reaches the QEMU host);
 /// `poweroff` ends the launcher with status 0, `reboot` too, with its
 /// message.
 fn linux_debian() -> TestResult {
@@ -1747,11 +1870,37 @@ fn linux_debian() -> TestResult {
     let dmesg: Vec<&String> = lines.iter().filter(|l| l.starts_with("dmesg ")).collect();
     check!(dmesg.is_empty(), "the guest's dmesg: {dmesg:?}");
     check!(lines.iter().any(|l| l == "written"), "the mark was not written: {lines:?}");
-    // The second boot finds the file; poweroff ends it with status 0.
-    let o = debian_boot("echo lgdeb: mark $(cat /root/lgdeb-mark)\npoweroff\n")?;
+    // The second boot finds the file, has a network card that
+    // systemd-networkd configured from ip= and reaches the QEMU host over
+    // TCP; poweroff ends it with status 0.
+    t::private_netns("lgtap0", &format!("{DEBIAN_HOST_IP}/24"))?;
+    let answer = tcp_answer_once(&format!("{DEBIAN_HOST_IP}:{DEBIAN_PORT}"))?;
+    let script = format!(
+        concat!(
+            "echo lgdeb: mark $(cat /root/lgdeb-mark)\n",
+            "n=0; until ip -o -4 addr show eth0 | grep -q 10.0.3.2 || [ $n -ge 300 ]; do sleep 0.2; n=$((n + 1)); done\n",
+            "echo lgdeb: addr $(ip -o -4 addr show eth0 | awk '{{print $4}}') $(networkctl list eth0 --no-legend | awk '{{print $4}}')\n",
+            "python3 -c \"import socket; s = socket.create_connection(('{host}', {port}), 60); s.sendall(b'lguest-debian\\n'); print('lgdeb: net', s.recv(64).decode().strip())\"\n",
+            "poweroff\n"
+        ),
+        host = DEBIAN_HOST_IP,
+        port = DEBIAN_PORT
+    );
+    let o = debian_boot_with(&["--net", "tap=lgtap0"], &[DEBIAN_GUEST_IP], &script)?;
     check_eq!(o.code, 0, format!("poweroff: exit status ({})", describe(&o)));
     let lines = debian_lines(&o);
+    println!("# {lines:?}");
     check!(lines.contains(&format!("mark {mark}")), "the file written before the reboot: {lines:?}");
+    check!(
+        lines.iter().any(|l| l == "addr 10.0.3.2/24 configured"),
+        "eth0 not configured by systemd-networkd: {lines:?}"
+    );
+    check!(lines.iter().any(|l| l == "net pong lguest-debian"), "no TCP answer from the host: {lines:?}");
+    // The host's side read the guest's line.
+    if answer.is_finished() {
+        let got = answer.join().unwrap_or_default();
+        check_eq!(got.as_str(), "lguest-debian", "what the host read");
+    }
     Ok(())
 }
 
@@ -2006,6 +2155,7 @@ fn main() -> ExitCode {
         ("linux_ibpb_entry", linux_ibpb_entry),
         ("debugregs_hostile", debugregs_hostile),
         ("linux_console_shell", linux_console_shell),
+        ("linux_console_terminal", linux_console_terminal),
         ("linux_devices", linux_devices),
         ("linux_irq_enable_delivers", linux_irq_enable_delivers),
         ("switcher_unreachable", switcher_unreachable),
