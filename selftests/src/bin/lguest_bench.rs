@@ -21,6 +21,13 @@
 //!   `/bin/true` in its user space against the host's, and its boot to
 //!   `/init` by the host's wall clock beside the `hello` sample's run.
 //!
+//! - `lguest_bench debian` (its own QEMU host boot, `scripts/bench.sh`):
+//!   the Debian root filesystem of `make rootfs` booted from a virtio disk,
+//!   to systemd's first line and to the login prompt, systemd's own
+//!   account (`systemd-analyze`), the launcher's resident memory and the
+//!   guest's `MemAvailable` once booted; beside the busybox initramfs's
+//!   boot to `/init` in the same QEMU host.
+//!
 //! Every figure is measured [`samples`] times (`LGUEST_BENCH_SAMPLES`,
 //! default 5) and reported as its median with the spread:
 //! `bench: name MEDIAN unit (median of K, min A, max B)`; ratios are of
@@ -281,7 +288,126 @@ fn host_spawn_cycles(n: u64) -> Option<f64> {
     Some((rdtsc() - start) as f64 / n as f64)
 }
 
+/// One Debian boot (see [`debian`]): (ms to systemd's first line, ms to
+/// the login prompt, the launcher's VmRSS in KiB there, the guest's
+/// MemAvailable in KiB once logged in, systemd-analyze's lines).
+fn debian_boot() -> Option<(f64, f64, f64, f64, Vec<String>)> {
+    use std::io::Write;
+    let guests = guests();
+    let out = std::env::temp_dir().join(format!("lguest-bench-debian-{}.out", std::process::id()));
+    let file = std::fs::File::create(&out).ok()?;
+    let mut child = launcher()
+        .args(["run", "--memory", "512M", "--disk", "path=/dev/nvme0n1", &format!("{guests}/vmlinux")])
+        .args(["--", "root=/dev/vda", "rw"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(file)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .ok()?;
+    let mut stdin = child.stdin.take()?;
+    let start = std::time::Instant::now();
+    let (mut welcome, mut login, mut rss, mut logged_in) = (None, None, None, false);
+    let mut typed_commands = false;
+    let status = loop {
+        let text = std::fs::read_to_string(&out).unwrap_or_default();
+        let ms = start.elapsed().as_secs_f64() * 1000.0;
+        if welcome.is_none() && text.contains("Welcome to ") {
+            welcome = Some(ms);
+        }
+        if login.is_none() && text.contains("lguest-debian login: ") {
+            login = Some(ms);
+            rss = std::fs::read_to_string(format!("/proc/{}/status", child.id())).ok().and_then(|s| {
+                s.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse::<f64>().ok())
+            });
+            stdin.write_all(b"root\n").ok()?;
+        }
+        if login.is_some() && !logged_in && text.contains("root@lguest-debian:~# ") {
+            logged_in = true;
+        }
+        if logged_in && !typed_commands {
+            typed_commands = true;
+            let script = concat!(
+                "systemctl is-system-running --wait >/dev/null; ",
+                "systemd-analyze | sed 's/^/lgbench: /'; ",
+                "grep MemAvailable /proc/meminfo | sed 's/^/lgbench: /'; poweroff\n"
+            );
+            stdin.write_all(script.as_bytes()).ok()?;
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            break st;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(1800) {
+            let _ = child.kill();
+            break child.wait().ok()?;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    let _ = std::fs::remove_file(&out);
+    if !status.success() {
+        return None;
+    }
+    let lines: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.trim_end().rsplit('\r').next()?.strip_prefix("lgbench: "))
+        .map(String::from)
+        .collect();
+    let avail =
+        lines.iter().find_map(|l| l.strip_prefix("MemAvailable:")?.trim().strip_suffix("kB")?.trim().parse().ok());
+    Some((welcome?, login?, rss?, avail?, lines.into_iter().filter(|l| !l.starts_with("MemAvailable")).collect()))
+}
+
+/// `lguest_bench debian`: the Debian boot's figures beside the busybox
+/// initramfs's boot to /init, in one QEMU host boot (with `-icount`, the
+/// host's wall clock counts the QEMU host's instructions: 1 ms is 10^6).
+fn debian() {
+    let k = samples().min(3);
+    let mut r = Report { failed: Vec::new() };
+    let runs: Vec<_> = (0..k).map(|_| debian_boot()).collect();
+    if runs.iter().any(Option::is_none) {
+        println!("bench: debian failed (a boot did not reach the login and power off; is /dev/nvme0n1 the image of make rootfs?)");
+        std::process::exit(1);
+    }
+    let runs: Vec<_> = runs.into_iter().flatten().collect();
+    let pick = |i: usize| {
+        let mut it = runs.iter().map(move |r| [r.0, r.1, r.2, r.3][i]);
+        move || it.next()
+    };
+    let first = r.figure(
+        "debian_boot_to_systemd",
+        "ms",
+        " (host wall clock, launcher start to systemd's Welcome line)",
+        k,
+        pick(0),
+    );
+    let login =
+        r.figure("debian_boot_to_login", "ms", " (host wall clock, launcher start to the login prompt)", k, pick(1));
+    r.figure("debian_launcher_rss", "KiB", " (the launcher's VmRSS at the login prompt, 512 MiB guest)", k, pick(2));
+    r.figure("debian_mem_available", "KiB", " (the guest's MemAvailable once logged in, of 512 MiB)", k, pick(3));
+    for l in &runs[runs.len() - 1].4 {
+        println!("bench: debian_systemd_analyze {l}");
+    }
+    let linux_n = 1000;
+    let busybox = r.figure(
+        "busybox_boot_to_init",
+        "ms",
+        " (host wall clock, the initramfs guest to /init's first line)",
+        k,
+        || linux_guest(linux_n).map(|r| r.2),
+    );
+    if let (Some(l), Some(f), Some(b)) = (login, first, busybox) {
+        println!("bench: debian_login_vs_busybox_init {:.1} ratio; debian_systemd_vs_busybox_init {:.1} ratio (of the medians)", l / b, f / b);
+    }
+    if !r.failed.is_empty() {
+        println!("bench: FAILED: {}", r.failed.join(", "));
+        std::process::exit(1);
+    }
+}
+
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("debian") {
+        return debian();
+    }
     let k = samples();
     let n = 200_000;
     let mut r = Report { failed: Vec::new() };
