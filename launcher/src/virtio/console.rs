@@ -610,10 +610,6 @@ impl VirtioDevice for Console {
 
     fn activate(&mut self, _features: u64) -> Result<(), DeviceError> {
         self.held_until = self.hold.map(|h| Instant::now() + h);
-        // A resize between the bus's set-up and now.
-        if let Some(size) = self.size.as_mut() {
-            size.refresh();
-        }
         Ok(())
     }
 
@@ -655,7 +651,10 @@ impl VirtioDevice for Console {
         if events.queue(RX) {
             self.rx_wait = false;
         }
-        if events.input & 4 != 0 {
+        // SIGWINCH, or the start (a resize between the bus's set-up and
+        // DRIVER_OK; activate() runs on the vCPU thread, whose seccomp
+        // filter has no TIOCGWINSZ, so the size is read here).
+        if events.input & 4 != 0 || events.start {
             if let Some(size) = self.size.as_mut() {
                 let _ = size.winch.read();
                 size.refresh();

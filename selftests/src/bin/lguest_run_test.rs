@@ -1879,7 +1879,7 @@ fn linux_debian() -> TestResult {
         concat!(
             "echo lgdeb: mark $(cat /root/lgdeb-mark)\n",
             "n=0; until ip -o -4 addr show eth0 | grep -q 10.0.3.2 || [ $n -ge 300 ]; do sleep 0.2; n=$((n + 1)); done\n",
-            "echo lgdeb: addr $(ip -o -4 addr show eth0 | awk '{{print $4}}') $(networkctl list eth0 --no-legend | awk '{{print $4}}')\n",
+            "echo lgdeb: addr $(ip -o -4 addr show eth0 | awk '{{print $4}}') $(networkctl list eth0 --no-legend | awk '{{print $5}}')\n",
             "python3 -c \"import socket; s = socket.create_connection(('{host}', {port}), 60); s.sendall(b'lguest-debian\\n'); print('lgdeb: net', s.recv(64).decode().strip())\"\n",
             "poweroff\n"
         ),

@@ -481,8 +481,13 @@ unsafe extern "C" fn lg_release(d: *mut bindings::device) {
 }
 
 /// Registers the device in slot `index` of the table at `table` (the
-/// guest-physical `table_pa`).
-fn register(table: *mut u8, table_pa: u64, index: usize) -> Result<(), c_int> {
+/// guest-physical `table_pa`), a child of `root`.
+fn register(
+    table: *mut u8,
+    table_pa: u64,
+    index: usize,
+    root: *mut bindings::device,
+) -> Result<(), c_int> {
     // SAFETY: all-zero is a valid `struct virtio_device` (a device that is
     // not initialized yet, no callbacks); the slot is in the mapped table.
     let dev = unsafe {
@@ -520,6 +525,7 @@ fn register(table: *mut u8, table_pa: u64, index: usize) -> Result<(), c_int> {
         (*dev).vdev.id.vendor = 0;
         (*dev).vdev.config = &OPS;
         (*dev).vdev.dev.release = Some(lg_release);
+        (*dev).vdev.dev.parent = root;
         let vdev = &raw mut (*dev).vdev;
         let r = bindings::register_virtio_device(vdev);
         if r != 0 {
@@ -542,12 +548,24 @@ unsafe extern "C" fn lguest_virtio_init() -> c_int {
     if table.is_null() {
         return -(bindings::ENOMEM as c_int);
     }
+    // The devices' parent, /sys/devices/lguest, as the original lguest's
+    // `lguest_root`: the virtio core follows a device's parent (its
+    // `num_vf`, which rtnetlink calls for a link dump that asks for VF
+    // information, as iproute2's `ip link` and `ip addr` do), and a device
+    // without one is a NULL dereference there.
+    // SAFETY: a NUL-terminated name that lives forever; no owning module
+    // (built in).
+    let root = unsafe { bindings::__root_device_register(c"lguest".as_ptr().cast(), ptr::null_mut()) };
+    // An ERR_PTR: the top MAX_ERRNO addresses.
+    if root.is_null() || root as usize > usize::MAX - bindings::MAX_ERRNO as usize {
+        return -(bindings::ENOMEM as c_int);
+    }
     for index in 0..MAX_DEVICES {
         // SAFETY: the slot's first word, in the mapped table.
         if unsafe { ptr::read_volatile(table.add(index * DESC_SIZE).cast::<u32>()) } == 0 {
             break;
         }
-        if let Err(e) = register(table, table_pa, index) {
+        if let Err(e) = register(table, table_pa, index, root) {
             // SAFETY: a format with two int arguments.
             unsafe {
                 bindings::_printk(
