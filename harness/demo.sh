@@ -4,9 +4,8 @@
 # (DEMO= of make run, scripts/run.sh):
 #   debian   the Debian root filesystem on the host's NVMe disk (make
 #            rootfs's image, attached by scripts/qemu.sh) booted by the
-#            Linux guest from a virtio disk, with a network card at
-#            10.0.3.2 whose other end, the tap demo0, is the QEMU host's
-#            10.0.3.1; log in as root; `poweroff` ends the guest;
+#            Linux guest from a virtio disk; log in as root; `poweroff`
+#            ends the guest;
 #   busybox  the Linux guest to an interactive busybox shell on its virtio
 #            console (hvc1), attached to the terminal; `exit` powers the
 #            guest off (`linux` is its older name);
@@ -27,14 +26,9 @@ debian)
 	if [ ! -b /dev/nvme0n1 ]; then
 		echo "== no Debian root filesystem attached (/dev/nvme0n1): make rootfs, then make run"
 	else
-		# The launcher makes the tap; the host's end gets its address
-		# once it is there.
-		( n=0; while ! ip link show demo0 >/dev/null 2>&1 && [ $n -lt 300 ]; do sleep 0.1; n=$((n + 1)); done
-		  ip addr add 10.0.3.1/24 dev demo0 && ip link set demo0 up ) &
-		echo "== lguest run --memory 512M --disk path=/dev/nvme0n1 --net tap=demo0 $G/vmlinux -- root=/dev/vda rw ip=10.0.3.2::10.0.3.1:255.255.255.0::eth0:off"
-		echo "== log in as root (no password); poweroff ends the guest, then the QEMU host (10.0.3.1 from the guest)"
-		lguest run --memory 512M --disk path=/dev/nvme0n1 --net tap=demo0 $G/vmlinux -- \
-			root=/dev/vda rw ip=10.0.3.2::10.0.3.1:255.255.255.0::eth0:off
+		echo "== lguest run --memory 512M --disk path=/dev/nvme0n1 $G/vmlinux -- root=/dev/vda rw"
+		echo "== log in as root (no password); poweroff ends the guest, then the QEMU host"
+		lguest run --memory 512M --disk path=/dev/nvme0n1 $G/vmlinux -- root=/dev/vda rw
 		echo "== the launcher exited with status $?"
 	fi
 	;;
