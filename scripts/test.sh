@@ -14,13 +14,13 @@
 #   FLAVOUR=debug       the debug host kernel (KASAN, lockdep, kmemleak)
 #   LONG=1              run the long programs (the fuzzers) whole, not in
 #                       their short form (LGUEST_SMOKE=1)
-#   WATCHDOG=SECONDS    limit for one whole boot (default 1200, debug 3600,
+#   WATCHDOG=SECONDS    limit for one whole boot (default 2000, debug 3600,
 #                       an hour more with LONG=1)
 # Every console log is kept in $CACHE/logs/.
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
 CPUS=${CPUS:-"max,la57=off max"}
-if [ "$FLAVOUR" = debug ]; then WATCHDOG=${WATCHDOG:-3600}; else WATCHDOG=${WATCHDOG:-1200}; fi
+if [ "$FLAVOUR" = debug ]; then WATCHDOG=${WATCHDOG:-3600}; else WATCHDOG=${WATCHDOG:-2000}; fi
 # The long runs (LONG=1, make debug-test and make fuzz) add up to an hour
 # of fuzzing per boot on the debug kernel.
 [ -n "${LONG:-}" ] && WATCHDOG=$((WATCHDOG + 3600))
