@@ -445,7 +445,12 @@ fn started_console(
     input: Option<File>,
     out: Shared,
 ) -> (Bus<'_>, Vec<Arc<AtomicU64>>, TestRing, TestRing) {
-    let (bus, c) = bus(mem, vec![Box::new(Console::new(input, Box::new(out)))]);
+    started(mem, Console::new(input, Box::new(out)))
+}
+
+/// `console` on a bus, started with two rings of 16.
+fn started(mem: &GuestMemory, console: Console) -> (Bus<'_>, Vec<Arc<AtomicU64>>, TestRing, TestRing) {
+    let (bus, c) = bus(mem, vec![Box::new(console)]);
     let rx = TestRing::new(mem, RING0, 16);
     let tx = TestRing::new(mem, RING1, 16);
     rx.configure(mem, 0, 0);
@@ -509,13 +514,7 @@ fn console_input_waits_for_the_first_output() {
     writer.write_all(b"typed during boot\n").expect("write");
     let console =
         Console::new(Some(input), Box::new(Shared::default())).with_input_hold(std::time::Duration::from_secs(3600));
-    let (bus, _) = bus(&mem, vec![Box::new(console)]);
-    let rx = TestRing::new(&mem, RING0, 16);
-    let mut tx = TestRing::new(&mem, RING1, 16);
-    rx.configure(&mem, 0, 0);
-    tx.configure(&mem, 0, 1);
-    assert_eq!(testring::start(&mem, &bus, 0, FEATURES), OK);
-    let mut rx = rx;
+    let (bus, _, mut rx, mut tx) = started(&mem, console);
     rx.add_chain(&mem, &[(BUF, 64, true)]);
     bus.service(0, Events { start: true, input: 1, ..Events::default() });
     assert_eq!(rx.used_idx(&mem), 0, "input went before the driver's first output");
@@ -538,12 +537,7 @@ fn console_input_hold_ends_by_itself() {
     writer.write_all(b"x").expect("write");
     let console =
         Console::new(Some(input), Box::new(Shared::default())).with_input_hold(std::time::Duration::from_millis(50));
-    let (bus, _) = bus(&mem, vec![Box::new(console)]);
-    let mut rx = TestRing::new(&mem, RING0, 16);
-    let tx = TestRing::new(&mem, RING1, 16);
-    rx.configure(&mem, 0, 0);
-    tx.configure(&mem, 0, 1);
-    assert_eq!(testring::start(&mem, &bus, 0, FEATURES), OK);
+    let (bus, _, mut rx, _tx) = started(&mem, console);
     rx.add_chain(&mem, &[(BUF, 64, true)]);
     bus.service(0, Events { start: true, input: 1, ..Events::default() });
     assert_eq!(rx.used_idx(&mem), 0);
