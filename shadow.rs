@@ -250,9 +250,14 @@ impl ShadowPair {
 pub(crate) const ROOT_CACHE: usize = 4;
 
 /// Under TLB semantics with PCIDs: the pairs kept for PCIDs that are not
-/// current. Linux tags at most 6 address spaces per CPU
-/// (`TLB_NR_DYN_ASIDS`, PCIDs 1 to 6), so 6 keep every one it uses.
-pub(crate) const PCID_CACHE: usize = 6;
+/// current. The Linux guest tags up to 32 address spaces per CPU (its
+/// `TLB_NR_DYN_ASIDS`, 6 natively, raised for lguest by
+/// guest/linux/patches/0004): a switch to an untagged one costs a shadow
+/// rebuilt page by page, an exit each, so 7 runnable processes would
+/// thrash with 6 (a Debian boot's 12 parallel systemd generators took 6 s
+/// of CPU each instead of 0.5 s). Each kept pair costs its table pages,
+/// within the VM's budget ([`budget_for`]).
+pub(crate) const PCID_CACHE: usize = 32;
 
 /// A cached shadow pair and the guest root it shadows.
 struct CachedRoot {

@@ -1753,13 +1753,56 @@ const DEBIAN_DISK: &str = "/dev/nvme0n1";
 /// logs in as root once the console's login prompt is out, as a person
 /// types, then types `script` at the shell's prompt; at most 900 s.
 fn debian_boot(script: &str) -> Result<Outcome, t::NotPassed> {
+    debian_boot_with(&[], &[], script)
+}
+
+/// [`debian_boot`] with more launcher options `opts` and kernel
+/// parameters `kargs`.
+fn debian_boot_with(opts: &[&str], kargs: &[&str], script: &str) -> Result<Outcome, t::NotPassed> {
+    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    if t::cmdline_value(&cmdline, "lgtest.nodebian") == Some("1") {
+        t::skip!(
+            "make test boots Debian in one CPU model's run only (DEBIAN_CPUS in scripts/test.sh), and this is another"
+        );
+    }
     if !std::path::Path::new(DEBIAN_DISK).exists() {
         t::skip!("no Debian root filesystem attached ({DEBIAN_DISK}): `make rootfs` builds it, and the tests attach it when it is there");
     }
     let (k, disk) = (guest("vmlinux"), format!("path={DEBIAN_DISK}"));
-    let args = ["run", "--memory", "512M", "--disk", &disk, &k, "--", "root=/dev/vda", "rw"];
+    let mut args = vec!["run", "--memory", "512M", "--disk", &disk];
+    args.extend_from_slice(opts);
+    args.extend_from_slice(&[&k, "--", "root=/dev/vda", "rw"]);
+    args.extend_from_slice(kargs);
     let g = spawn_launcher_script(&args, &[("lguest-debian login: ", "root\n"), ("root@lguest-debian:~# ", script)])?;
     wait(g, Duration::from_secs(900))
+}
+
+/// The QEMU host's end of [`linux_debian`]'s network: the tap `lgtap0` in
+/// a namespace of the test's own, at this address.
+const DEBIAN_HOST_IP: &str = "10.0.3.1";
+/// The guest's static address, by `ip=` (systemd-network-generator writes
+/// it as a .network file for systemd-networkd).
+const DEBIAN_GUEST_IP: &str = "ip=10.0.3.2::10.0.3.1:255.255.255.0::eth0:off";
+/// The port of the host's TCP answerer.
+const DEBIAN_PORT: u16 = 7777;
+
+/// Answers one TCP connection on the host: reads a line, writes back
+/// `pong ` and that line. The thread's result: the line read.
+fn tcp_answer_once(addr: &str) -> Result<std::thread::JoinHandle<String>, t::NotPassed> {
+    let listener =
+        std::net::TcpListener::bind(addr).map_err(|e| t::NotPassed::Fail(format!("listening on {addr}: {e}")))?;
+    Ok(std::thread::spawn(move || {
+        let Ok((mut conn, _)) = listener.accept() else { return String::new() };
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(60)));
+        let mut line = Vec::new();
+        let mut b = [0u8; 1];
+        while line.len() < 256 && matches!(conn.read(&mut b), Ok(1)) && b[0] != b'\n' {
+            line.push(b[0]);
+        }
+        let line = String::from_utf8_lossy(&line).into_owned();
+        let _ = conn.write_all(format!("pong {line}\n").as_bytes());
+        line
+    }))
 }
 
 /// The lines the guest printed with `lgdeb: ` first (not the tty's echo
@@ -1789,7 +1832,9 @@ const FDS_PROGRAM: &str = "import ctypes, os, select, signal, struct\nlibc = cty
 /// the OOM killer inside the cgroup; the guest lives on), a seccomp filter
 /// (`systemd-run -p SystemCallFilter=~uname`) kills the process that calls
 /// the forbidden system call, dmesg has no WARNING, BUG or Oops, and a
-/// file written and synced is there after `reboot` (a second boot);
+/// file written and synced is there after `reboot` (a second boot, with
+/// a network card: systemd-networkd gives eth0 the static address of
+/// `ip=`, and a TCP connection reaches the QEMU host);
 /// `poweroff` ends the launcher with status 0, `reboot` too, with its
 /// message.
 fn linux_debian() -> TestResult {
@@ -1831,11 +1876,37 @@ fn linux_debian() -> TestResult {
     let dmesg: Vec<&String> = lines.iter().filter(|l| l.starts_with("dmesg ")).collect();
     check!(dmesg.is_empty(), "the guest's dmesg: {dmesg:?}");
     check!(lines.iter().any(|l| l == "written"), "the mark was not written: {lines:?}");
-    // The second boot finds the file; poweroff ends it with status 0.
-    let o = debian_boot("echo lgdeb: mark $(cat /root/lgdeb-mark)\npoweroff\n")?;
+    // The second boot finds the file, has a network card that
+    // systemd-networkd configured from ip= and reaches the QEMU host over
+    // TCP; poweroff ends it with status 0.
+    t::private_netns("lgtap0", &format!("{DEBIAN_HOST_IP}/24"))?;
+    let answer = tcp_answer_once(&format!("{DEBIAN_HOST_IP}:{DEBIAN_PORT}"))?;
+    let script = format!(
+        concat!(
+            "echo lgdeb: mark $(cat /root/lgdeb-mark)\n",
+            "n=0; until networkctl list eth0 --no-legend | grep -qw configured || [ $n -ge 300 ]; do sleep 0.2; n=$((n + 1)); done\n",
+            "echo lgdeb: addr $(ip -o -4 addr show eth0 | awk '{{print $4}}') $(networkctl list eth0 --no-legend | awk '{{print $5}}')\n",
+            "python3 -c \"import socket; s = socket.create_connection(('{host}', {port}), 60); s.sendall(b'lguest-debian\\n'); print('lgdeb: net', s.recv(64).decode().strip())\"\n",
+            "poweroff\n"
+        ),
+        host = DEBIAN_HOST_IP,
+        port = DEBIAN_PORT
+    );
+    let o = debian_boot_with(&["--net", "tap=lgtap0"], &[DEBIAN_GUEST_IP], &script)?;
     check_eq!(o.code, 0, format!("poweroff: exit status ({})", describe(&o)));
     let lines = debian_lines(&o);
+    println!("# {lines:?}");
     check!(lines.contains(&format!("mark {mark}")), "the file written before the reboot: {lines:?}");
+    check!(
+        lines.iter().any(|l| l == "addr 10.0.3.2/24 configured"),
+        "eth0 not configured by systemd-networkd: {lines:?}"
+    );
+    check!(lines.iter().any(|l| l == "net pong lguest-debian"), "no TCP answer from the host: {lines:?}");
+    // The host's side read the guest's line.
+    if answer.is_finished() {
+        let got = answer.join().unwrap_or_default();
+        check_eq!(got.as_str(), "lguest-debian", "what the host read");
+    }
     Ok(())
 }
 

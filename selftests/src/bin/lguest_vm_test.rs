@@ -2314,6 +2314,72 @@ fn tlb_pcids() -> TestResult {
     Ok(())
 }
 
+// A guest for the PCID cache's size: three rounds over PCIDs 1 to 12 of
+// root A, each switch with NOFLUSH and a read through the new shadow; then
+// NOTIFY (the test reads the reuse count) and a bad tag (killed).
+core::arch::global_asm!(
+    ".pushsection .rodata.lguest_guest_pcids12, \"a\"",
+    ".globl lguest_guest_pcids12_start",
+    ".globl lguest_guest_pcids12_end",
+    "lguest_guest_pcids12_start:",
+    "mov esp, 0x1f0000",
+    "mov eax, 1",
+    "mov edi, 0x180000",
+    "mov esi, 2",
+    "int 0x1f",
+    "mov ebx, 3",
+    "2: mov r12d, 1",
+    "3: mov edi, 0x1d0000",
+    "mov rsi, r12",
+    "bts rsi, 63",
+    "mov eax, 4",
+    "int 0x1f",
+    "mov rsi, qword ptr [0x200000]",
+    "inc r12d",
+    "cmp r12d, 12",
+    "jbe 3b",
+    "dec ebx",
+    "jnz 2b",
+    "mov eax, 17",
+    "mov edi, 0x181000",
+    "int 0x1f",
+    "mov edi, 0x1d0000",
+    "mov esi, 0x1001",
+    "mov eax, 4",
+    "int 0x1f",
+    "7: jmp 7b",
+    "lguest_guest_pcids12_end:",
+    ".popsection",
+);
+
+extern "C" {
+    static lguest_guest_pcids12_start: u8;
+    static lguest_guest_pcids12_end: u8;
+}
+
+/// The host keeps a shadow for each of more PCIDs than Linux's native 6
+/// (`PCID_CACHE`, 32, as the Linux guest's `TLB_NR_DYN_ASIDS`): a guest
+/// cycling through 12 PCIDs with NOFLUSH finds every one kept from its
+/// second round on, 24 reuses in three rounds; with 6 kept, the least
+/// recently used going first, round-robin over 12 would find none (each
+/// switch would rebuild its shadow page by page, the thrash a Debian
+/// boot's parallel generators showed).
+fn tlb_twelve_pcids() -> TestResult {
+    // SAFETY: the symbols delimit the blob assembled above.
+    let code =
+        unsafe { blob(std::ptr::addr_of!(lguest_guest_pcids12_start), std::ptr::addr_of!(lguest_guest_pcids12_end)) };
+    let vm = TestVm::new(&code)?;
+    write_tlb_tables(&vm.mem);
+    check_eq!(vm.run(), Ok(0), "RUN");
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_NOTIFY, format!("exit ({})", vm.message()));
+    let reuses = vm.run_page().read::<u64>(std::mem::offset_of!(abi::LguestRun, stat_shadow_reuses));
+    check_eq!(vm.run_page().read::<u64>(16), 1, "what the guest read through the last shadow");
+    check_eq!(reuses, 24, "switches that found the PCID's shadow kept");
+    check_eq!(vm.run(), Ok(0), "RUN");
+    check_eq!(vm.exit_reason(), abi::LGUEST_EXIT_KILLED, "exit");
+    Ok(())
+}
+
 /// The start of `struct perf_event_attr` (PERF_ATTR_SIZE_VER1), enough for
 /// a hardware breakpoint.
 #[repr(C)]
@@ -2845,6 +2911,7 @@ fn main() -> ExitCode {
         ("host_global_pages", host_global_pages),
         ("tlb_shadows", tlb_shadows),
         ("tlb_pcids", tlb_pcids),
+        ("tlb_twelve_pcids", tlb_twelve_pcids),
         ("mov_ss_and_tf", mov_ss_and_tf),
         ("second_thread_during_run", second_thread_during_run),
         ("fpu_state", fpu_state),
